@@ -1,0 +1,283 @@
+"""Crash-and-resume demo: a resumed training run is bit-for-bit identical to an uninterrupted one.
+
+A tiny 2-layer transformer language model (tied input/output embedding, dropout, AdamW, warmup +
+cosine LR schedule) is trained on tokens sampled from a fixed random Markov chain. The script runs
+itself three times, each in a fresh process:
+
+  A  an uninterrupted run of --steps steps, logging every loss as ``float.hex()``;
+  B  the same run, calling ``Snapshot.take`` every --snapshot-every steps, which "crashes" after
+     step --crash-at while pretending to write one more snapshot (left as an empty directory);
+  C  a fresh process that picks the newest *committed* snapshot, restores model, optimizer,
+     scheduler, data-stream generator, global RNGs and progress counter, and trains to --steps.
+
+The parent then checks that every loss after the resume point equals run A's exactly, that the final
+weights are identical, and reads single weights back from the snapshot with a small memory budget.
+
+    python examples/train_resume.py [--workdir DIR] [--steps 60] [--snapshot-every 10] [--crash-at 35]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+try:
+    import snapshotkit
+except ImportError:  # running from a source checkout without installing the package
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import snapshotkit
+from snapshotkit import RNGState, Snapshot, StateDict
+from snapshotkit.errors import IncompleteSnapshotError, SnapshotNotFoundError
+
+VOCAB, D_MODEL, N_HEAD, D_FF, N_LAYERS, MAX_LEN, BATCH, DROPOUT = 128, 64, 4, 256, 2, 32, 16, 0.1
+CRASH_EXIT_CODE = 75  # what phase B "dies" with
+READ_BUDGET = 64 << 10  # memory budget for Snapshot.read_object
+READ_KEYS = ("layers.0.self_attn.in_proj_weight", "head.weight")  # head.weight is tied to tok_emb
+
+
+class TinyLM(nn.Module):
+    """Causal transformer LM whose output projection shares its weight with the token embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok_emb = nn.Embedding(VOCAB, D_MODEL)
+        self.pos_emb = nn.Embedding(MAX_LEN, D_MODEL)
+        self.drop = nn.Dropout(DROPOUT)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(D_MODEL, N_HEAD, D_FF, DROPOUT, batch_first=True, norm_first=True)
+            for _ in range(N_LAYERS)
+        )
+        self.norm = nn.LayerNorm(D_MODEL)
+        self.head = nn.Linear(D_MODEL, VOCAB, bias=False)
+        self.head.weight = self.tok_emb.weight  # tied: one storage, two state_dict keys
+        nn.init.normal_(self.tok_emb.weight, std=0.02)
+        nn.init.normal_(self.pos_emb.weight, std=0.02)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        x = self.drop(self.tok_emb(tokens) + self.pos_emb(torch.arange(t)))
+        mask = nn.Transformer.generate_square_subsequent_mask(t)
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, is_causal=True)
+        return self.head(self.norm(x))
+
+
+class MarkovStream:
+    """Batches of token sequences from a fixed sparse Markov chain ("grammar").
+
+    Randomness deliberately comes from four sources, so an exact resume needs all of them restored:
+    the stream's own torch.Generator (a Stateful, via state_dict/load_state_dict), NumPy's global RNG
+    (start tokens), Python's ``random`` (sequence length) and, in the model, torch's global RNG (dropout).
+    """
+
+    def __init__(self, seed: int) -> None:
+        grammar = torch.Generator().manual_seed(1234)  # the same chain for every run
+        successors = torch.randint(VOCAB, (VOCAB, 4), generator=grammar)
+        weights = torch.rand(VOCAB, 4, generator=grammar) + 0.1
+        probs = torch.zeros(VOCAB, VOCAB).scatter_add_(1, successors, weights)
+        self.transitions = probs / probs.sum(dim=1, keepdim=True)
+        self.gen = torch.Generator().manual_seed(seed + 1)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        length = random.choice((24, 28, MAX_LEN))
+        tokens = [torch.from_numpy(np.random.randint(VOCAB, size=BATCH)).long()]
+        for _ in range(length):
+            nxt = torch.multinomial(self.transitions[tokens[-1]], 1, generator=self.gen).squeeze(1)
+            tokens.append(nxt)
+        seq = torch.stack(tokens, dim=1)
+        return seq[:, :-1], seq[:, 1:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.gen.get_state()}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.gen.set_state(sd["generator"])
+
+
+def build(seed: int, total_steps: int) -> tuple[TinyLM, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR, MarkovStream]:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model = TinyLM()
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = max(1, total_steps // 10)
+
+    def lr_factor(step: int) -> float:  # linear warmup, then cosine decay to 10%
+        if step < warmup:
+            return (step + 1) / warmup
+        frac = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return 0.1 + 0.45 * (1.0 + math.cos(math.pi * frac))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_factor)
+    return model, optim, sched, MarkovStream(seed)
+
+
+def train_step(model: TinyLM, optim: torch.optim.Optimizer, sched: Any, data: MarkovStream) -> float:
+    inputs, targets = data.next_batch()
+    loss = F.cross_entropy(model(inputs).reshape(-1, VOCAB), targets.reshape(-1))
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optim.step()
+    sched.step()
+    return loss.item()
+
+
+def latest_committed_snapshot(snapdir: Path, log: Any) -> tuple[int, Path] | None:
+    """Newest step_<N> directory whose metadata opens; incomplete ones are skipped."""
+    found = [(int(p.name[5:]), p) for p in snapdir.glob("step_*") if p.name[5:].isdigit()]
+    for step, path in sorted(found, reverse=True):
+        try:
+            Snapshot(path).metadata
+        except (SnapshotNotFoundError, IncompleteSnapshotError) as e:
+            log(f"skipping {path.name}: {type(e).__name__}: {e}")
+            continue
+        return step, path
+    return None
+
+
+def run_phase(args: argparse.Namespace) -> None:
+    phase, workdir = args.phase, Path(args.workdir)
+    snapdir = workdir / "snapshots"
+
+    def log(msg: str) -> None:
+        print(f"[{phase}] {msg}", flush=True)
+
+    model, optim, sched, data = build(args.seed, args.steps)
+    progress = StateDict(step=0)
+    app_state = {"model": model, "optim": optim, "sched": sched, "data": data,
+                 "rng": RNGState(), "progress": progress}
+    result: dict[str, Any] = {"resumed_from": 0, "losses": {}}
+    start = 0
+    if phase == "C":
+        latest = latest_committed_snapshot(snapdir, log)
+        if latest is None:
+            log(f"no committed snapshot in {snapdir}")
+            sys.exit(2)
+        t0 = time.perf_counter()
+        Snapshot(latest[1]).restore(app_state)
+        start = int(progress["step"])
+        assert start == latest[0], f"progress says step {start}, directory says {latest[0]}"
+        assert model.head.weight is model.tok_emb.weight, "weight tying lost on restore"
+        log(f"restored {latest[1]} in {time.perf_counter() - t0:.2f}s; resuming after step {start}")
+        torch.save(model.state_dict(), workdir / "restored_model.pt")
+        result.update(resumed_from=start, snapshot=str(latest[1]))
+    else:
+        log(f"training from scratch, seed {args.seed}")
+
+    model.train()
+    for step in range(start + 1, args.steps + 1):
+        loss = train_step(model, optim, sched, data)
+        result["losses"][str(step)] = loss.hex()
+        if step % 10 == 0 or step == args.steps:
+            log(f"step {step:3d}  loss {loss:.4f}  lr {sched.get_last_lr()[0]:.2e}")
+        if phase == "B" and step == args.crash_at:
+            # The process dies while writing this step's snapshot: leave a half-made directory
+            # behind, flush the loss log (so the parent can compare it), and exit abruptly.
+            (snapdir / f"step_{step}").mkdir(parents=True)
+            (workdir / "losses_B.json").write_text(json.dumps(result))
+            log(f"step {step}: simulated crash while writing {snapdir / f'step_{step}'}")
+            os._exit(CRASH_EXIT_CODE)
+        if phase == "B" and step % args.snapshot_every == 0:
+            progress["step"] = step
+            t0 = time.perf_counter()
+            Snapshot.take(snapdir / f"step_{step}", app_state)
+            log(f"snapshot -> {snapdir / f'step_{step}'} ({time.perf_counter() - t0:.2f}s)")
+    (workdir / f"losses_{phase}.json").write_text(json.dumps(result))
+    torch.save(model.state_dict(), workdir / f"final_{phase}.pt")
+
+
+def first_mismatch(ref: dict[str, str], got: dict[str, str], steps: range) -> str | None:
+    for s in steps:
+        if ref.get(str(s)) != got.get(str(s)):
+            return f"step {s}: expected {ref.get(str(s))}, got {got.get(str(s))}"
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    if not 0 < args.snapshot_every <= args.crash_at < args.steps:
+        sys.exit("need 0 < --snapshot-every <= --crash-at < --steps")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="snapshotkit-demo-")).resolve()
+    if (workdir / "snapshots").exists():
+        sys.exit(f"{workdir / 'snapshots'} already exists; use a fresh --workdir")
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"[main] workdir {workdir}", flush=True)
+
+    common = ["--workdir", str(workdir), "--steps", str(args.steps), "--seed", str(args.seed),
+              "--snapshot-every", str(args.snapshot_every), "--crash-at", str(args.crash_at)]
+    for phase, expected_rc in (("A", 0), ("B", CRASH_EXIT_CODE), ("C", 0)):
+        t0 = time.perf_counter()
+        rc = subprocess.run([sys.executable, __file__, "--phase", phase, *common]).returncode
+        print(f"[main] phase {phase} exited with {rc} after {time.perf_counter() - t0:.1f}s", flush=True)
+        if rc != expected_rc:
+            print(f"[main] FAIL: phase {phase} exited with {rc}, expected {expected_rc}")
+            return 1
+
+    runs = {p: json.loads((workdir / f"losses_{p}.json").read_text()) for p in "ABC"}
+    ref, resumed_from = runs["A"]["losses"], runs["C"]["resumed_from"]
+    ok = True
+    bad = first_mismatch(ref, runs["B"]["losses"], range(1, args.crash_at + 1))
+    if bad:
+        print(f"[main] FAIL: snapshotting perturbed training (run B vs A), {bad}")
+        ok = False
+    after = range(resumed_from + 1, args.steps + 1)
+    bad = first_mismatch(ref, runs["C"]["losses"], after)
+    if bad:
+        print(f"[main] FAIL: resumed losses differ from the uninterrupted run, {bad}")
+        ok = False
+    else:
+        print(f"[main] OK: resumed losses match the uninterrupted run bit for bit "
+              f"for all {len(after)} steps after step {resumed_from} (float.hex compared)")
+    final_a, final_c = torch.load(workdir / "final_A.pt"), torch.load(workdir / "final_C.pt")
+    if all(torch.equal(final_a[k], final_c[k]) for k in final_a) and final_a.keys() == final_c.keys():
+        print(f"[main] OK: final weights identical ({len(final_a)} tensors)")
+    else:
+        print("[main] FAIL: final weights differ between runs A and C")
+        ok = False
+
+    snap = Snapshot(runs["C"]["snapshot"])
+    restored = torch.load(workdir / "restored_model.pt")
+    for key in READ_KEYS:
+        value = snap.read_object(f"model/{key}", memory_budget_bytes=READ_BUDGET)
+        match = isinstance(value, torch.Tensor) and torch.equal(value, restored[key])
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        print(f"[main] {'OK' if match else 'FAIL'}: read_object('model/{key}', "
+              f"memory_budget_bytes={READ_BUDGET}) -> shape {shape}, "
+              f"{'matches' if match else 'DOES NOT match'} the restored model")
+        ok = ok and match
+    print(f"[main] {'PASSED' if ok else 'FAILED'} in {time.perf_counter() - t_start:.1f}s wall time")
+    return 0 if ok else 1
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workdir", help="where snapshots and logs go (default: a new temp dir)")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--snapshot-every", type=int, default=10)
+    p.add_argument("--crash-at", type=int, default=35)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--phase", choices=("A", "B", "C"), help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    if arguments.phase:
+        run_phase(arguments)
+    else:
+        sys.exit(main(arguments))

@@ -1,0 +1,27 @@
+"""snapshotkit: save and restore the whole state of a PyTorch program, fast and safely.
+
+    from snapshotkit import Snapshot, StateDict, RNGState
+
+    snapshot = Snapshot.take("/ckpt/step_1000", {"model": model, "optim": optim, "rng": RNGState()})
+    Snapshot("/ckpt/step_1000").restore({"model": model, "optim": optim, "rng": RNGState()})
+    weight = Snapshot("/ckpt/step_1000").read_object("model/layer1.weight")
+"""
+
+from __future__ import annotations
+
+from . import errors
+from ._version import __version__
+from .manifest import SnapshotMetadata
+from .snapshot import Snapshot
+from .stateful import AppState, RNGState, StateDict, Stateful
+
+__all__ = [
+    "AppState",
+    "RNGState",
+    "Snapshot",
+    "SnapshotMetadata",
+    "StateDict",
+    "Stateful",
+    "__version__",
+    "errors",
+]

@@ -1,0 +1,75 @@
+"""The event loop snapshotkit owns.
+
+Storage I/O is ``async``; the synchronous API runs coroutines on one long-lived loop in a
+daemon thread, so it works the same whether or not the caller already runs a loop (Jupyter).
+Blocking work (file I/O, checksums, copies) goes to that loop's default thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: Threads for blocking I/O and GIL-releasing CPU work (checksums, memcpy).
+_EXECUTOR_THREADS = 8
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _start_loop() -> asyncio.AbstractEventLoop:
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(max_workers=_EXECUTOR_THREADS, thread_name_prefix="snapshotkit-io")
+    )
+    ready = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.call_soon(ready.set)
+        loop.run_forever()
+
+    threading.Thread(target=run, name="snapshotkit-loop", daemon=True).start()
+    ready.wait()
+    return loop
+
+
+def get_loop() -> asyncio.AbstractEventLoop:
+    """The snapshotkit loop, started on first use."""
+    global _loop
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            _loop = _start_loop()
+        return _loop
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on the snapshotkit loop and wait for its result.
+
+    If the waiting thread is interrupted (``KeyboardInterrupt``), the coroutine is cancelled and
+    given the chance to clean up (a take deletes what it wrote) before the interrupt propagates.
+    """
+    loop = get_loop()
+    if threading.current_thread().name == "snapshotkit-loop":
+        raise RuntimeError("run_sync() called from the snapshotkit loop itself; await the coroutine instead")
+    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    try:
+        return future.result()
+    except BaseException:
+        if not future.done():
+            future.cancel()
+            try:
+                future.result(timeout=30)
+            except BaseException:  # noqa: S110 - the original exception is what matters
+                pass
+        raise
+
+
+async def to_thread(func: Any, *args: Any) -> Any:
+    """Run a blocking callable on the snapshotkit thread pool."""
+    return await asyncio.get_running_loop().run_in_executor(None, func, *args)

@@ -1,0 +1,117 @@
+"""Configuration: explicit arguments first, then ``SNAPSHOTKIT_*`` variables, then defaults.
+
+The environment is read once per operation into a frozen :class:`Config`; nothing here is a
+mutable module-level knob.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from .errors import ConfigError
+
+_MIB = 1 << 20
+_GIB = 1 << 30
+
+#: Fraction of available RAM the default memory budget may use.
+_AVAILABLE_MEMORY_FRACTION = 0.6
+#: Upper bound on the default memory budget, whatever the machine has.
+_MAX_DEFAULT_BUDGET_BYTES = 32 * _GIB
+#: Lower bound on the default memory budget, so tiny containers still make progress in pieces.
+_MIN_DEFAULT_BUDGET_BYTES = 64 * _MIB
+
+
+def available_memory_bytes() -> int:
+    """Bytes of RAM the kernel reports as available for new allocations."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # pragma: no cover - psutil is a declared dependency
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def default_memory_budget_bytes(local_world_size: int = 1) -> int:
+    """The budget used when neither an argument nor the environment sets one."""
+    share = int(available_memory_bytes() * _AVAILABLE_MEMORY_FRACTION) // max(1, local_world_size)
+    return max(_MIN_DEFAULT_BUDGET_BYTES, min(share, _MAX_DEFAULT_BUDGET_BYTES))
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Tunables of one take, restore or read.
+
+    Attributes:
+        memory_budget_bytes: host bytes the pipeline may hold in staging/bounce buffers at once.
+        chunk_bytes: tensors larger than this are stored as several pieces of at most this size.
+        data_object_bytes: target size of one data object; small pieces are packed up to it.
+        io_concurrency: storage operations in flight at once per process.
+        verify_checksums: verify the checksum of every piece read.
+    """
+
+    memory_budget_bytes: int
+    chunk_bytes: int = 16 * _MIB
+    data_object_bytes: int = 256 * _MIB
+    io_concurrency: int = 4
+    verify_checksums: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("memory_budget_bytes", "chunk_bytes", "data_object_bytes", "io_concurrency"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        memory_budget_bytes: int | None = None,
+        verify_checksums: bool | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Config:
+        """Build the config for one call: arguments win over the environment, which wins over defaults."""
+        env = os.environ if environ is None else environ
+        budget = memory_budget_bytes
+        if budget is None:
+            budget = _env_int(env, "SNAPSHOTKIT_MEMORY_BUDGET_BYTES")
+        if budget is None:
+            budget = default_memory_budget_bytes()
+        if verify_checksums is None:
+            verify_checksums = _env_bool(env, "SNAPSHOTKIT_VERIFY_CHECKSUMS", default=True)
+        fields: dict[str, int] = {}
+        for field, var in (
+            ("chunk_bytes", "SNAPSHOTKIT_CHUNK_BYTES"),
+            ("data_object_bytes", "SNAPSHOTKIT_DATA_OBJECT_BYTES"),
+            ("io_concurrency", "SNAPSHOTKIT_IO_CONCURRENCY"),
+        ):
+            value = _env_int(env, var)
+            if value is not None:
+                fields[field] = value
+        return cls(memory_budget_bytes=budget, verify_checksums=verify_checksums, **fields)
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip().replace("_", ""))
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer; set it to a byte count such as 268435456") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be positive")
+    return value
+
+
+def _env_bool(env: Mapping[str, str], name: str, *, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no or on/off")

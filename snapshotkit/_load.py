@@ -1,0 +1,145 @@
+"""From manifest entries to values: choose destinations and the piece reads that fill them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._serialization import (
+    RAW,
+    byte_view,
+    copy_flat_range_in,
+    deserialize_object,
+    dtype_from_name,
+    is_zero_copy_source,
+    tensor_from_bytes,
+)
+from ._read_pipeline import PieceRead
+from .errors import ManifestError, StateMismatchError
+from .manifest import Entry, ObjectEntry, Piece, PrimitiveEntry, TensorEntry
+
+
+def tensor_matches(entry: TensorEntry, value: object) -> bool:
+    """Whether ``value`` can receive ``entry`` in place (a tensor of the same dtype and shape)."""
+    return (
+        isinstance(value, torch.Tensor)
+        and not value.is_quantized
+        and value.layout == torch.strided
+        and str(value.dtype).removeprefix("torch.") == entry.dtype
+        and tuple(value.shape) == entry.shape
+    )
+
+
+def describe_mismatch(logical_path: str, entry: TensorEntry, value: torch.Tensor) -> StateMismatchError:
+    return StateMismatchError(
+        f"cannot restore {logical_path!r} in place: the snapshot has dtype {entry.dtype} shape {list(entry.shape)}, "
+        f"the destination has dtype {str(value.dtype).removeprefix('torch.')} shape {list(value.shape)}. "
+        "Build the destination with the saved shape/dtype, or pass strict=False to load a new tensor "
+        "and let load_state_dict() convert it"
+    )
+
+
+class _Slot:
+    """Holds a value that becomes known once the reads have run."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+
+class LeafLoader:
+    """Collects the piece reads for many leaves; ``resolve()`` yields the values afterwards."""
+
+    def __init__(self, *, weights_only: bool) -> None:
+        self.weights_only = weights_only
+        self.reads: list[PieceRead] = []
+        self._fresh: dict[tuple[Piece, ...], _Slot] = {}
+        self._in_place: set[tuple[tuple[Piece, ...], int, tuple[int, ...], tuple[int, ...], str]] = set()
+
+    def add(self, logical_path: str, entry: Entry, destination: Any = None) -> Callable[[], Any]:
+        """Plan loading ``entry``; ``destination`` is used in place when it matches.
+
+        Returns a thunk that gives the loaded value once :attr:`reads` have been fetched.
+        """
+        if isinstance(entry, PrimitiveEntry):
+            value = entry.value
+            return lambda: value
+        if isinstance(entry, ObjectEntry):
+            slot = _Slot()
+            self._add_blob(logical_path, entry.piece, lambda obj: setattr(slot, "value", obj))
+            return lambda: slot.value
+        if isinstance(entry, TensorEntry):
+            return self._add_tensor(logical_path, entry, destination)
+        raise ManifestError(f"{logical_path!r} is a {entry.kind}, not a leaf")
+
+    def _add_blob(self, logical_path: str, piece: Piece, sink: Callable[[Any], None]) -> None:
+        weights_only = self.weights_only
+
+        def consume(offset: int, data: memoryview) -> None:
+            sink(deserialize_object(data, weights_only=weights_only, logical_path=logical_path))
+
+        self.reads.append(PieceRead(piece, logical_path, consume=consume))
+
+    def _add_tensor(self, logical_path: str, entry: TensorEntry, destination: Any) -> Callable[[], Any]:
+        in_place = tensor_matches(entry, destination)
+        if entry.serializer != RAW:
+            slot = _Slot()
+
+            def receive(loaded: Any) -> None:
+                if not isinstance(loaded, torch.Tensor):
+                    raise ManifestError(f"{logical_path!r} is recorded as a tensor but holds a {type(loaded).__name__}")
+                if in_place:
+                    destination.detach().copy_(loaded)
+                    slot.value = destination
+                else:
+                    slot.value = loaded
+
+            self._add_blob(logical_path, entry.pieces[0], receive)
+            return lambda: slot.value
+
+        dtype = dtype_from_name(entry.dtype)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if entry.nbytes != entry.numel * itemsize:
+            raise ManifestError(
+                f"{logical_path!r}: pieces hold {entry.nbytes} bytes but dtype {entry.dtype} shape "
+                f"{list(entry.shape)} needs {entry.numel * itemsize}"
+            )
+        if in_place:
+            target: torch.Tensor = destination.detach()
+            key = (entry.pieces, target.data_ptr(), tuple(target.shape), tuple(target.stride()), str(target.device))
+            if key in self._in_place:
+                return lambda: destination
+            self._in_place.add(key)
+            result: Any = destination
+        else:
+            cached = self._fresh.get(entry.pieces)
+            if cached is not None and entry.pieces:
+                return lambda: cached.value
+            target = torch.empty(entry.shape, dtype=dtype)
+            self._fresh[entry.pieces] = _Slot(target)
+            result = target
+        self._add_raw_reads(logical_path, entry, target, itemsize)
+        return lambda: result
+
+    def _add_raw_reads(self, logical_path: str, entry: TensorEntry, target: torch.Tensor, itemsize: int) -> None:
+        direct = byte_view(target) if is_zero_copy_source(target) and target.numel() else None
+        offset = 0
+        for piece in entry.pieces:
+            if direct is not None:
+                self.reads.append(PieceRead(piece, logical_path, direct=direct[offset : offset + piece.nbytes]))
+            else:
+                first_element = offset // itemsize
+
+                def consume(
+                    within: int, data: memoryview, first_element: int = first_element, dtype: torch.dtype = target.dtype
+                ) -> None:
+                    values = tensor_from_bytes(data, dtype, (data.nbytes // itemsize,))
+                    copy_flat_range_in(target, first_element + within // itemsize, values)
+
+                self.reads.append(
+                    PieceRead(piece, logical_path, consume=consume, splittable=True, itemsize=itemsize)
+                )
+            offset += piece.nbytes

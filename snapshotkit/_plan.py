@@ -1,0 +1,161 @@
+"""Pure planning: where every stored byte goes, and which byte ranges a read fetches.
+
+Nothing here does I/O or talks to a process group, so the same inputs give the same plan on
+every rank, and every rule is unit-testable.
+
+Write layout: each *payload* (the bytes of one tensor or serialized object) is cut into pieces
+of at most ``chunk_bytes`` (on element boundaries), and pieces are packed in order into data
+objects of about ``data_object_bytes``, each piece starting at a multiple of ``alignment``.
+
+Read plan: pieces wanted from one data object are merged into one ranged read when they are
+close together, so restoring thousands of small tensors costs a handful of requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+#: Every piece starts at a multiple of this many bytes within its data object.
+ALIGNMENT_BYTES = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class PieceSlot:
+    """Bytes ``[start, end)`` of payload ``payload`` stored at ``offset`` in data object ``location``."""
+
+    payload: int
+    start: int
+    end: int
+    location: str
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+@dataclasses.dataclass(frozen=True)
+class DataObjectPlan:
+    """One data object: its location, the pieces in it (by offset) and its size in bytes."""
+
+    location: str
+    slots: tuple[PieceSlot, ...]
+    nbytes: int
+
+
+def data_object_location(rank: int, index: int) -> str:
+    """Location of a rank's ``index``-th data object."""
+    return f"data/{rank}_{index:05d}"
+
+
+def _align_up(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+def split_payload(nbytes: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges of at most ``chunk_bytes`` (at least one element) covering ``[0, nbytes)``."""
+    if nbytes == 0:
+        return []
+    step = max(itemsize, chunk_bytes - chunk_bytes % itemsize)
+    return [(start, min(start + step, nbytes)) for start in range(0, nbytes, step)]
+
+
+def plan_layout(
+    payload_sizes: Sequence[int],
+    payload_itemsizes: Sequence[int],
+    *,
+    rank: int,
+    chunk_bytes: int,
+    data_object_bytes: int,
+    alignment: int = ALIGNMENT_BYTES,
+) -> tuple[list[DataObjectPlan], list[list[PieceSlot]]]:
+    """Assign every payload byte to a data object.
+
+    Returns:
+        The data objects in write order, and for every payload the slots holding its pieces in
+        payload order (empty for a zero-byte payload).
+    """
+    objects: list[DataObjectPlan] = []
+    per_payload: list[list[PieceSlot]] = [[] for _ in payload_sizes]
+    current: list[PieceSlot] = []
+    location = data_object_location(rank, 0)
+    offset = 0
+
+    def close_object() -> None:
+        nonlocal current, location, offset
+        if current:
+            objects.append(DataObjectPlan(location, tuple(current), offset))
+            location = data_object_location(rank, len(objects))
+            current = []
+            offset = 0
+
+    for index, (nbytes, itemsize) in enumerate(zip(payload_sizes, payload_itemsizes)):
+        for start, end in split_payload(nbytes, itemsize, chunk_bytes):
+            slot_offset = _align_up(offset, alignment)
+            if current and slot_offset + (end - start) > data_object_bytes:
+                close_object()
+                slot_offset = 0
+            slot = PieceSlot(index, start, end, location, slot_offset)
+            current.append(slot)
+            per_payload[index].append(slot)
+            offset = slot_offset + (end - start)
+    close_object()
+    return objects, per_payload
+
+
+@dataclasses.dataclass(frozen=True)
+class RangeRequest:
+    """A wanted byte range ``[start, end)`` of ``location``; ``tag`` lets the caller find it again."""
+
+    location: str
+    start: int
+    end: int
+    tag: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadBatch:
+    """One ranged read ``[start, end)`` of ``location`` that serves ``requests`` (sorted, disjoint)."""
+
+    location: str
+    start: int
+    end: int
+    requests: tuple[RangeRequest, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+def plan_read_batches(
+    requests: Sequence[RangeRequest],
+    *,
+    max_batch_bytes: int,
+    max_gap_bytes: int = 4096,
+) -> list[ReadBatch]:
+    """Merge requests on the same object into ranged reads.
+
+    Two requests share a read when the gap between them is at most ``max_gap_bytes`` and the
+    merged read stays within ``max_batch_bytes``. A request larger than ``max_batch_bytes`` is a
+    read of its own. Overlapping requests (the same piece wanted twice) are never merged, so
+    every request maps to a distinct byte range of its batch.
+    """
+    batches: list[ReadBatch] = []
+    ordered = sorted(requests, key=lambda r: (r.location, r.start, r.end, r.tag))
+    group: list[RangeRequest] = []
+    for request in ordered:
+        if group:
+            last = group[-1]
+            if (
+                request.location == last.location
+                and last.end <= request.start <= last.end + max_gap_bytes
+                and request.end - group[0].start <= max_batch_bytes
+            ):
+                group.append(request)
+                continue
+            batches.append(ReadBatch(group[0].location, group[0].start, group[-1].end, tuple(group)))
+        group = [request]
+    if group:
+        batches.append(ReadBatch(group[0].location, group[0].start, group[-1].end, tuple(group)))
+    return batches

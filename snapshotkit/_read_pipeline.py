@@ -1,0 +1,167 @@
+"""The read pipeline: fetch pieces by byte range into their destinations, verify, hand over.
+
+A piece lands either *directly* in its destination's memory (a contiguous CPU tensor: no extra
+host memory at all) or in a *bounce* buffer that a consumer then copies out (strided or GPU
+destinations, serialized objects). Bounce buffers and the gaps between merged ranges are what
+the memory budget limits; a raw piece larger than the budget is fetched in budget-sized
+sub-ranges with a running checksum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from ._async import to_thread
+from ._budget import MemoryBudget
+from ._checksum import crc32c, format_checksum, parse_checksum
+from ._plan import RangeRequest, ReadBatch, plan_read_batches
+from ._write_pipeline import gather_or_cancel
+from .errors import ChecksumMismatchError, IntegrityError, TruncatedDataError
+from .manifest import Piece
+from .storage import StoragePlugin
+
+#: Largest merged read; big enough to amortise requests, small enough to keep several in flight.
+MAX_BATCH_BYTES = 32 << 20
+
+
+@dataclasses.dataclass
+class PieceRead:
+    """One piece to fetch for ``logical_path``.
+
+    Exactly one of ``direct`` (destination bytes, ``piece.nbytes`` long) and ``consume`` is set.
+    ``consume(offset, data)`` receives verified bytes starting at ``offset`` within the piece;
+    it is called once with the whole piece unless ``splittable``, in which case it may be called
+    for consecutive sub-ranges whose lengths are multiples of ``itemsize``.
+    """
+
+    piece: Piece
+    logical_path: str
+    direct: memoryview | None = None
+    consume: Callable[[int, memoryview], None] | None = None
+    splittable: bool = False
+    itemsize: int = 1
+
+
+def _verify(read: PieceRead, data: memoryview, running: int = 0, *, final: bool = True) -> int:
+    value = crc32c(data, running)
+    if final and value != parse_checksum(read.piece.checksum):
+        raise ChecksumMismatchError(
+            f"checksum mismatch for logical path {read.logical_path!r}: bytes {list(read.piece.byte_range)} of "
+            f"data object {read.piece.location!r} have {format_checksum(value)}, the manifest says "
+            f"{read.piece.checksum}. The snapshot is corrupt; restore from another snapshot "
+            "(or pass verify_checksums=False to read it anyway)"
+        )
+    return value
+
+
+def _storage_failure(exc: BaseException, location: str, reads: Sequence[PieceRead]) -> IntegrityError:
+    paths = sorted({r.logical_path for r in reads})
+    shown = ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    if isinstance(exc, FileNotFoundError):
+        return IntegrityError(
+            f"data object {location!r} holding {shown} is missing; the snapshot is damaged. "
+            "Restore from another snapshot"
+        )
+    return TruncatedDataError(
+        f"data object {location!r} holding {shown} is shorter than the manifest says ({exc}); "
+        "the snapshot is truncated. Restore from another snapshot"
+    )
+
+
+async def _run_batch(
+    plugin: StoragePlugin, batch: ReadBatch, reads: Sequence[PieceRead], budget: MemoryBudget, verify: bool
+) -> None:
+    bounce_bytes = sum(r.end - r.start for r in batch.requests if reads[r.tag].direct is None)
+    gap_bytes = batch.nbytes - sum(r.end - r.start for r in batch.requests)
+    async with budget.reserve(bounce_bytes + gap_bytes):
+        buffers: list[memoryview] = []
+        targets: list[tuple[PieceRead, memoryview]] = []
+        position = batch.start
+        gap_sink: memoryview | None = None
+        for request in batch.requests:
+            if request.start > position:
+                if gap_sink is None:
+                    gap_sink = memoryview(bytearray(max(gap_bytes, 1)))
+                buffers.append(gap_sink[: request.start - position])
+            read = reads[request.tag]
+            target = read.direct if read.direct is not None else memoryview(bytearray(request.end - request.start))
+            buffers.append(target)
+            targets.append((read, target))
+            position = request.end
+        try:
+            await plugin.read_into(batch.location, batch.start, buffers)
+        except (EOFError, FileNotFoundError) as exc:
+            raise _storage_failure(exc, batch.location, [reads[r.tag] for r in batch.requests]) from exc
+
+        def finish() -> None:
+            for read, data in targets:
+                if verify:
+                    _verify(read, data)
+                if read.consume is not None:
+                    read.consume(0, data)
+
+        await to_thread(finish)
+
+
+async def _run_streamed(plugin: StoragePlugin, read: PieceRead, budget: MemoryBudget, verify: bool) -> None:
+    """Fetch one large bounce piece in budget-sized sub-ranges, checksumming as it goes."""
+    assert read.consume is not None
+    start, end = read.piece.byte_range
+    step = max(read.itemsize, budget.total_bytes - budget.total_bytes % read.itemsize)
+    running = 0
+    for offset in range(start, end, step):
+        length = min(step, end - offset)
+        async with budget.reserve(length):
+            data = memoryview(bytearray(length))
+            try:
+                await plugin.read_into(read.piece.location, offset, [data])
+            except (EOFError, FileNotFoundError) as exc:
+                raise _storage_failure(exc, read.piece.location, [read]) from exc
+
+            def finish(data: memoryview = data, offset: int = offset, length: int = length) -> int:
+                value = _verify(read, data, running, final=offset + length == end) if verify else 0
+                assert read.consume is not None
+                read.consume(offset - start, data)
+                return value
+
+            running = await to_thread(finish)
+
+
+async def read_pieces(
+    plugin: StoragePlugin,
+    reads: Sequence[PieceRead],
+    *,
+    budget: MemoryBudget,
+    io_concurrency: int,
+    verify: bool,
+) -> None:
+    """Fetch every piece in ``reads`` into its destination, merging nearby ranges."""
+    import asyncio
+
+    streamed = [r for r in reads if r.direct is None and r.splittable and r.piece.nbytes > budget.total_bytes]
+    streamed_ids = {id(r) for r in streamed}
+    requests = [
+        RangeRequest(r.piece.location, r.piece.byte_range[0], r.piece.byte_range[1], index)
+        for index, r in enumerate(reads)
+        if id(r) not in streamed_ids and r.piece.nbytes > 0
+    ]
+    max_batch_bytes = max(1, min(MAX_BATCH_BYTES, budget.total_bytes))
+    batches = plan_read_batches(requests, max_batch_bytes=max_batch_bytes)
+    in_flight = asyncio.Semaphore(io_concurrency)
+
+    async def limited_batch(batch: ReadBatch) -> None:
+        async with in_flight:
+            await _run_batch(plugin, batch, reads, budget, verify)
+
+    async def limited_stream(read: PieceRead) -> None:
+        async with in_flight:
+            await _run_streamed(plugin, read, budget, verify)
+
+    empty = [r for r in reads if r.piece.nbytes == 0 and id(r) not in streamed_ids]
+    for read in empty:
+        if verify:
+            _verify(read, memoryview(b""))
+        if read.consume is not None:
+            read.consume(0, memoryview(b""))
+    await gather_or_cancel([*(limited_batch(b) for b in batches), *(limited_stream(r) for r in streamed)])

@@ -1,0 +1,120 @@
+"""Restoring: plan every leaf of every requested key, fetch all pieces in one pipeline, load.
+
+All keys share one read pipeline (each piece is fetched once, whatever the number of keys);
+``load_state_dict`` runs per key afterwards, the RNG last so its state is the one the take saw.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from ._flatten import escape_key, flatten, inflate
+from ._load import LeafLoader, describe_mismatch, tensor_matches
+from .errors import LogicalPathNotFoundError, StateMismatchError
+from .manifest import DictEntry, Entry, ListEntry, SnapshotMetadata, TensorEntry
+from .stateful import RNGState, Stateful
+
+ContainerMap = dict[str, DictEntry | ListEntry]
+
+
+def close_matches(wanted: str, candidates: Iterable[str], limit: int = 5) -> str:
+    """A ``"; did you mean ...?"`` hint, or ``""``."""
+    options = list(candidates)
+    matches = difflib.get_close_matches(wanted, options, n=limit, cutoff=0.5)
+    if not matches:
+        matches = [c for c in options if wanted.rsplit("/", 1)[-1] in c][:limit]
+    return f"; close matches: {', '.join(repr(m) for m in matches)}" if matches else ""
+
+
+def rank_view(metadata: SnapshotMetadata, rank: int) -> dict[str, Entry]:
+    """``logical path -> entry`` as seen by ``rank``: its own entries, then replicated ones from rank 0."""
+    own_prefix = f"{rank}/"
+    view: dict[str, Entry] = {}
+    for key, entry in metadata.manifest.items():
+        if key.startswith(own_prefix):
+            view[key[len(own_prefix) :]] = entry
+    if rank != 0:
+        for key, entry in metadata.manifest.items():
+            if key.startswith("0/") and getattr(entry, "replicated", False):
+                view.setdefault(key[2:], entry)
+    return view
+
+
+def subtree(view: Mapping[str, Entry], root: str) -> tuple[ContainerMap, dict[str, Entry]]:
+    """Container and leaf entries at or below logical path ``root``."""
+    containers: ContainerMap = {}
+    leaves: dict[str, Entry] = {}
+    below = root + "/"
+    for path, entry in view.items():
+        if path == root or path.startswith(below):
+            if isinstance(entry, (DictEntry, ListEntry)):
+                containers[path] = entry
+            else:
+                leaves[path] = entry
+    return containers, leaves
+
+
+def plan_restore(
+    view: Mapping[str, Entry],
+    app_state: Mapping[str, Stateful],
+    *,
+    strict: bool,
+    loader: LeafLoader,
+    snapshot_path: str,
+) -> list[Callable[[], None]]:
+    """Plan loading every key of ``app_state``; return the ``load_state_dict`` steps, RNG last."""
+    saved_keys = sorted({path.split("/", 1)[0] for path in view})
+    steps: list[tuple[bool, Callable[[], None]]] = []
+    for key in sorted(app_state):
+        stateful = app_state[key]
+        root = escape_key(key)
+        if root not in view:
+            raise LogicalPathNotFoundError(
+                f"app_state key {key!r} is not in the snapshot at {snapshot_path!r}, which holds "
+                f"{saved_keys}{close_matches(root, saved_keys)}. Remove it from app_state, or restore "
+                "those keys from a snapshot that has them"
+            )
+        containers, leaves = subtree(view, root)
+        destinations: dict[str, Any] = {}
+        if not isinstance(stateful, RNGState):
+            _, destinations = flatten(stateful.state_dict(), root)
+        if strict and isinstance(stateful, torch.nn.Module):
+            _check_module_keys(key, set(leaves), set(destinations))
+        thunks: dict[str, Callable[[], Any]] = {}
+        for path, entry in leaves.items():
+            destination = destinations.get(path)
+            if isinstance(entry, TensorEntry) and isinstance(destination, torch.Tensor):
+                if not tensor_matches(entry, destination):
+                    if strict and entry.serializer == "raw":
+                        raise describe_mismatch(path, entry, destination)
+                    destination = None
+            thunks[path] = loader.add(path, entry, destination)
+        steps.append((isinstance(stateful, RNGState), _load_step(stateful, root, containers, thunks, strict)))
+    return [step for _, step in sorted(steps, key=lambda s: s[0])]
+
+
+def _check_module_keys(key: str, saved: set[str], current: set[str]) -> None:
+    missing, unexpected = sorted(current - saved), sorted(saved - current)
+    if missing or unexpected:
+        raise StateMismatchError(
+            f"the module app_state[{key!r}] does not match the snapshot: missing from the snapshot "
+            f"{missing[:10]}{' ...' if len(missing) > 10 else ''}, not in the module "
+            f"{unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}. Pass strict=False to load the keys that match"
+        )
+
+
+def _load_step(
+    stateful: Stateful, root: str, containers: ContainerMap, thunks: Mapping[str, Callable[[], Any]], strict: bool
+) -> Callable[[], None]:
+    def step() -> None:
+        state = inflate(root, containers, {path: thunk() for path, thunk in thunks.items()})
+        if isinstance(stateful, torch.nn.Module):
+            stateful.load_state_dict(state, strict=strict)
+        else:
+            stateful.load_state_dict(state)
+
+    return step

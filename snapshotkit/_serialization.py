@@ -1,0 +1,167 @@
+"""Tensor <-> bytes without copies, and objects through ``torch.save``.
+
+Raw tensors are stored as their contiguous row-major element bytes in native (little-endian)
+order, with dtype and shape in the manifest. Everything raw storage cannot express (quantized
+tensors, sparse and other non-strided layouts, tensor subclasses) and every non-tensor object is
+stored as ``torch.save`` bytes and loaded with ``weights_only=True`` unless the caller opts out.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import ManifestError, UnsafeObjectError
+
+#: dtype name (``str(dtype)`` without ``torch.``) -> dtype, for every dtype this torch has.
+_DTYPES_BY_NAME: dict[str, torch.dtype] = {
+    str(value).removeprefix("torch."): value
+    for value in vars(torch).values()
+    if isinstance(value, torch.dtype)
+}
+
+_QUANTIZED_DTYPES = frozenset(
+    d for d in _DTYPES_BY_NAME.values() if d in {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
+)
+
+#: Tensor classes whose storage is exactly their elements (``nn.Parameter`` is one).
+_PLAIN_TENSOR_TYPES: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
+
+RAW = "raw"
+TORCH_SAVE = "torch_save"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The manifest's name for ``dtype`` (``"float32"``, ``"bfloat16"``, ``"float8_e4m3fn"``...)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """Inverse of :func:`dtype_name`; a name this torch does not know is a manifest error."""
+    try:
+        return _DTYPES_BY_NAME[name]
+    except KeyError:
+        raise ManifestError(
+            f"the manifest names dtype {name!r}, which torch {torch.__version__} does not have; "
+            "read this snapshot with the torch version that wrote it"
+        ) from None
+
+
+def tensor_serializer(tensor: torch.Tensor) -> str:
+    """``"raw"`` when the tensor's elements can be stored as plain bytes, else ``"torch_save"``."""
+    if (
+        type(tensor) in _PLAIN_TENSOR_TYPES
+        and tensor.layout == torch.strided
+        and tensor.dtype not in _QUANTIZED_DTYPES
+        and not tensor.is_quantized
+    ):
+        return RAW
+    return TORCH_SAVE
+
+
+def is_zero_copy_source(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's own memory can be written out as it is, without a staging copy."""
+    return (
+        tensor.device.type == "cpu"
+        and tensor.is_contiguous()
+        and not tensor.is_conj()
+        and not tensor.is_neg()
+    )
+
+
+def contiguous_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A new contiguous CPU tensor with the same values (resolving lazy conj/neg views)."""
+    source = tensor.detach().resolve_conj().resolve_neg()
+    out = torch.empty(source.shape, dtype=source.dtype, device="cpu")
+    out.copy_(source)
+    return out
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """A flat byte memoryview of a contiguous CPU tensor's memory (shared, not copied)."""
+    flat = tensor.detach().reshape(-1)
+    if flat.dtype != torch.uint8:
+        flat = flat.view(torch.uint8)
+    return memoryview(flat.numpy()).cast("B")
+
+
+def tensor_from_bytes(data: memoryview | bytes | bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor viewing ``data`` (no copy) with the given dtype and shape."""
+    array = np.frombuffer(data, dtype=np.uint8)
+    flat = torch.from_numpy(array) if array.size else torch.empty(0, dtype=torch.uint8)
+    if dtype != torch.uint8:
+        flat = flat.view(dtype)
+    return flat.reshape(shape)
+
+
+def serialize_object(obj: Any) -> bytes:
+    """``torch.save`` bytes of any picklable object (tensors inside it included)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def deserialize_object(data: bytes | memoryview, *, weights_only: bool, logical_path: str) -> Any:
+    """Load ``torch.save`` bytes; with ``weights_only`` only tensors and plain containers load."""
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
+    except pickle.UnpicklingError as exc:
+        if not weights_only:
+            raise
+        raise UnsafeObjectError(
+            f"the object at logical path {logical_path!r} cannot be loaded with weights_only=True "
+            f"({str(exc).splitlines()[0]}). If you trust this snapshot, pass weights_only=False to "
+            "restore()/read_object(), or allow the class with torch.serialization.add_safe_globals()."
+        ) from exc
+
+
+def flat_range_views(tensor: torch.Tensor, start: int, end: int) -> list[torch.Tensor]:
+    """Views of ``tensor`` covering its elements ``[start, end)`` in row-major order.
+
+    Works for any strides (non-contiguous and expanded views included): the range is cut into at
+    most ``2 * ndim`` blocks, each a plain slice of ``tensor``, so copying block by block moves
+    exactly the elements of the flat range. The blocks' ``numel`` sum to ``end - start``.
+    """
+    if start >= end:
+        return []
+    if tensor.dim() == 0:
+        return [tensor.reshape(1)]
+    if tensor.dim() == 1:
+        return [tensor[start:end]]
+    row = math.prod(tensor.shape[1:])
+    first_row, first_col = divmod(start, row)
+    last_row, last_col = divmod(end, row)
+    if first_row == last_row:
+        return flat_range_views(tensor[first_row], first_col, last_col)
+    views: list[torch.Tensor] = []
+    if first_col:
+        views.extend(flat_range_views(tensor[first_row], first_col, row))
+        first_row += 1
+    if last_row > first_row:
+        views.append(tensor[first_row:last_row])
+    if last_col:
+        views.extend(flat_range_views(tensor[last_row], 0, last_col))
+    return views
+
+
+def copy_flat_range_out(source: torch.Tensor, start: int, end: int, out: torch.Tensor) -> None:
+    """Copy elements ``[start, end)`` (row-major) of any-strided ``source`` into flat ``out``."""
+    position = 0
+    for view in flat_range_views(source, start, end):
+        count = view.numel()
+        out[position : position + count].view(view.shape).copy_(view)
+        position += count
+
+
+def copy_flat_range_in(destination: torch.Tensor, start: int, data: torch.Tensor) -> None:
+    """Copy flat ``data`` into elements ``[start, start + numel)`` of any-strided ``destination``."""
+    position = 0
+    for view in flat_range_views(destination, start, start + data.numel()):
+        count = view.numel()
+        view.copy_(data[position : position + count].view(view.shape))
+        position += count

@@ -1,0 +1,136 @@
+"""The exceptions snapshotkit raises.
+
+Every error snapshotkit raises on purpose derives from :class:`SnapshotkitError`, and each class
+also derives from the built-in exception a caller would naturally catch, so ``except
+FileNotFoundError`` keeps working for code that does not know snapshotkit::
+
+    SnapshotkitError
+    ├── SnapshotNotFoundError          (FileNotFoundError)  nothing committed at the path
+    │   └── IncompleteSnapshotError                        data objects but no manifest
+    ├── SnapshotExistsError            (FileExistsError)    take onto an existing snapshot
+    ├── InvalidAppStateError           (TypeError)          app_state value is not Stateful
+    ├── LogicalPathNotFoundError       (KeyError)           unknown logical path / missing key
+    ├── StateMismatchError             (ValueError)         shape/dtype differs (strict)
+    ├── ManifestError                  (ValueError)         malformed manifest
+    │   ├── UnsupportedFormatVersionError                   written by a newer snapshotkit
+    │   └── UnsafeLocationError                             location leaves the snapshot
+    ├── IntegrityError                 (ValueError)         stored bytes are not what was written
+    │   ├── ChecksumMismatchError                           checksum differs
+    │   └── TruncatedDataError                              data object shorter than the manifest says
+    ├── UnsafeObjectError              (pickle.UnpicklingError) object refused by weights_only loading
+    ├── UnsupportedValueError          (TypeError)          a leaf snapshotkit cannot store
+    ├── ConfigError                    (ValueError)         bad argument or SNAPSHOTKIT_* variable
+    └── StorageError                   (OSError)            a storage plugin failed
+        └── UnknownStorageSchemeError  (ValueError)         no plugin for a URI scheme
+
+Messages say what was wrong, the offending value, and what to do next.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+__all__ = [
+    "ChecksumMismatchError",
+    "ConfigError",
+    "IncompleteSnapshotError",
+    "IntegrityError",
+    "InvalidAppStateError",
+    "LogicalPathNotFoundError",
+    "ManifestError",
+    "SnapshotExistsError",
+    "SnapshotNotFoundError",
+    "SnapshotkitError",
+    "StateMismatchError",
+    "StorageError",
+    "TruncatedDataError",
+    "UnknownStorageSchemeError",
+    "UnsafeLocationError",
+    "UnsafeObjectError",
+    "UnsupportedFormatVersionError",
+    "UnsupportedValueError",
+]
+
+
+class SnapshotkitError(Exception):
+    """Root of every error snapshotkit raises on purpose."""
+
+
+class SnapshotNotFoundError(SnapshotkitError, FileNotFoundError):
+    """No committed snapshot exists at the given path."""
+
+    def __str__(self) -> str:  # FileNotFoundError would format errno-style tuples
+        return str(self.args[0]) if self.args else ""
+
+
+class IncompleteSnapshotError(SnapshotNotFoundError):
+    """The path holds snapshot data but no manifest: the take never committed."""
+
+
+class SnapshotExistsError(SnapshotkitError, FileExistsError):
+    """A take was asked to write onto a path that already holds a snapshot."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidAppStateError(SnapshotkitError, TypeError):
+    """An app_state value does not implement ``state_dict``/``load_state_dict``."""
+
+
+class LogicalPathNotFoundError(SnapshotkitError, KeyError):
+    """A logical path (or app_state key) is not in the snapshot."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class StateMismatchError(SnapshotkitError, ValueError):
+    """A stored tensor does not match its in-place destination (shape or dtype)."""
+
+
+class ManifestError(SnapshotkitError, ValueError):
+    """The manifest (``.snapshot_metadata``) is malformed."""
+
+
+class UnsupportedFormatVersionError(ManifestError):
+    """The manifest was written by a newer snapshotkit with a format this one cannot read."""
+
+
+class UnsafeLocationError(ManifestError):
+    """A manifest location tries to leave the snapshot (``..``, absolute paths)."""
+
+
+class IntegrityError(SnapshotkitError, ValueError):
+    """Stored bytes differ from what the take wrote."""
+
+
+class ChecksumMismatchError(IntegrityError):
+    """The checksum of a stored piece differs from the manifest's."""
+
+
+class TruncatedDataError(IntegrityError):
+    """A data object is shorter than the byte range the manifest records."""
+
+
+class UnsafeObjectError(SnapshotkitError, pickle.UnpicklingError):
+    """A stored object cannot be loaded with ``weights_only=True``."""
+
+
+class UnsupportedValueError(SnapshotkitError, TypeError):
+    """A value in the state cannot be stored by snapshotkit."""
+
+
+class ConfigError(SnapshotkitError, ValueError):
+    """An argument or ``SNAPSHOTKIT_*`` environment variable has an invalid value."""
+
+
+class StorageError(SnapshotkitError, OSError):
+    """A storage plugin failed to read or write."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownStorageSchemeError(StorageError, ValueError):
+    """No storage plugin handles the URI's scheme."""

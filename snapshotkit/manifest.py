@@ -1,0 +1,430 @@
+"""Manifest entries and the ``.snapshot_metadata`` document (format version 1).
+
+The manifest maps ``"<rank>/<logical path>"`` to one entry per node of the flattened app
+state: containers (dict, ordered dict, list, tuple), inline primitives, tensors and objects.
+Tensors and objects point at *pieces*: a byte range of a data object plus a checksum.
+Decoding goes through a registry of entry kinds that rejects unknown kinds and newer format
+versions instead of silently dropping them. ``docs/format.md`` is the normative description.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import math
+import posixpath
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Union
+
+from .errors import ManifestError, UnsafeLocationError, UnsupportedFormatVersionError
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "METADATA_FILENAME",
+    "DictEntry",
+    "Entry",
+    "ListEntry",
+    "ObjectEntry",
+    "Piece",
+    "PrimitiveEntry",
+    "SnapshotMetadata",
+    "TensorEntry",
+    "TupleEntry",
+    "validate_location",
+]
+
+#: Name of the manifest object; its presence is the commit marker of a snapshot.
+METADATA_FILENAME = ".snapshot_metadata"
+FORMAT_NAME = "snapshotkit"
+#: The newest format version this snapshotkit writes and reads.
+FORMAT_VERSION = 1
+#: Checksum algorithms a version-1 reader understands.
+CHECKSUM_ALGORITHMS = ("crc32c",)
+
+
+def _fail(key: str, message: str) -> ManifestError:
+    return ManifestError(f"malformed manifest entry {key!r}: {message}")
+
+
+def validate_location(location: object) -> str:
+    """Return ``location`` if it names an object inside the snapshot, else raise.
+
+    A location is a relative POSIX path of non-empty components without ``.``, ``..`` or
+    backslashes; it may not be the manifest itself.
+    """
+    if not isinstance(location, str) or not location:
+        raise UnsafeLocationError(f"location {location!r} is not a non-empty string")
+    parts = location.split("/")
+    if (
+        location.startswith("/")
+        or "\\" in location
+        or "\x00" in location
+        or ":" in parts[0]
+        or any(part in ("", ".", "..") for part in parts)
+        or posixpath.normpath(location) != location
+        or location == METADATA_FILENAME
+    ):
+        raise UnsafeLocationError(
+            f"location {location!r} would leave the snapshot or is not a plain relative path; "
+            "this manifest is corrupt or was crafted: do not read this snapshot"
+        )
+    return location
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """A stored byte range: ``[start, end)`` of data object ``location``, with its checksum.
+
+    ``checksum`` is ``"<algorithm>:<hex digest>"``, e.g. ``"crc32c:1a2b3c4d"``.
+    """
+
+    location: str
+    byte_range: tuple[int, int]
+    checksum: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.byte_range[1] - self.byte_range[0]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"location": self.location, "byte_range": list(self.byte_range), "checksum": self.checksum}
+
+    @classmethod
+    def from_json(cls, key: str, raw: object) -> Piece:
+        if not isinstance(raw, dict):
+            raise _fail(key, f"piece {raw!r} is not a mapping")
+        location = validate_location(raw.get("location"))
+        byte_range = raw.get("byte_range")
+        if (
+            not isinstance(byte_range, list)
+            or len(byte_range) != 2
+            or not all(type(v) is int for v in byte_range)
+            or not 0 <= byte_range[0] <= byte_range[1]
+        ):
+            raise _fail(key, f"byte_range {byte_range!r} is not [start, end) with 0 <= start <= end")
+        checksum = raw.get("checksum")
+        if not isinstance(checksum, str) or ":" not in checksum:
+            raise _fail(key, f"checksum {checksum!r} is not '<algorithm>:<hex>'")
+        algorithm, _, digest = checksum.partition(":")
+        if algorithm not in CHECKSUM_ALGORITHMS:
+            raise _fail(key, f"checksum algorithm {algorithm!r} is not one of {CHECKSUM_ALGORITHMS}")
+        try:
+            int(digest, 16)
+        except ValueError:
+            raise _fail(key, f"checksum digest {digest!r} is not hexadecimal") from None
+        return cls(location, (byte_range[0], byte_range[1]), checksum)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorEntry:
+    """A tensor: dtype, shape and the pieces that hold its bytes in order.
+
+    ``serializer`` is ``"raw"`` (contiguous row-major element bytes, pieces concatenated) or
+    ``"torch_save"`` (one piece of ``torch.save`` bytes, for quantized/sparse/subclass tensors).
+    """
+
+    kind: ClassVar[str] = "tensor"
+    dtype: str
+    shape: tuple[int, ...]
+    serializer: str
+    pieces: tuple[Piece, ...]
+    replicated: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(piece.nbytes for piece in self.pieces)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "serializer": self.serializer,
+            "replicated": self.replicated,
+            "pieces": [piece.to_json() for piece in self.pieces],
+        }
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> TensorEntry:
+        dtype = _field(key, raw, "dtype", str)
+        shape = _field(key, raw, "shape", list)
+        if not all(type(dim) is int and dim >= 0 for dim in shape):
+            raise _fail(key, f"shape {shape!r} is not a list of non-negative integers")
+        serializer = _field(key, raw, "serializer", str)
+        if serializer not in ("raw", "torch_save"):
+            raise _fail(key, f"serializer {serializer!r} is not 'raw' or 'torch_save'")
+        pieces = tuple(Piece.from_json(key, p) for p in _field(key, raw, "pieces", list))
+        if serializer == "torch_save" and len(pieces) != 1:
+            raise _fail(key, "a torch_save tensor must have exactly one piece")
+        return cls(dtype, tuple(shape), serializer, pieces, _field(key, raw, "replicated", bool, False))
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectEntry:
+    """A picklable object stored as ``torch.save`` bytes in one piece."""
+
+    kind: ClassVar[str] = "object"
+    obj_type: str
+    piece: Piece
+    replicated: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "obj_type": self.obj_type, "replicated": self.replicated, "piece": self.piece.to_json()}
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> ObjectEntry:
+        return cls(
+            _field(key, raw, "obj_type", str),
+            Piece.from_json(key, raw.get("piece")),
+            _field(key, raw, "replicated", bool, False),
+        )
+
+
+_PRIMITIVE_TYPES = ("int", "float", "str", "bool", "bytes", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrimitiveEntry:
+    """A primitive stored inline in the manifest: int, float (exactly), str, bool, bytes, None."""
+
+    kind: ClassVar[str] = "primitive"
+    value_type: str
+    value: Any
+    replicated: bool = False
+
+    @classmethod
+    def of(cls, value: Any, replicated: bool = False) -> PrimitiveEntry:
+        if value is None:
+            return cls("none", None, replicated)
+        return cls(type(value).__name__, value, replicated)
+
+    def to_json(self) -> dict[str, Any]:
+        encoded: Any = self.value
+        out: dict[str, Any] = {"kind": self.kind, "type": self.value_type}
+        if self.value_type == "float":
+            encoded = float.hex(self.value)
+            out["readable"] = repr(self.value)
+        elif self.value_type == "bytes":
+            encoded = base64.b64encode(self.value).decode("ascii")
+        out["value"] = encoded
+        out["replicated"] = self.replicated
+        return out
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> PrimitiveEntry:
+        value_type = _field(key, raw, "type", str)
+        encoded = raw.get("value")
+        value: Any
+        if value_type == "int" and type(encoded) is int:
+            value = encoded
+        elif value_type == "float" and isinstance(encoded, str):
+            try:
+                value = float.fromhex(encoded)
+            except ValueError:
+                raise _fail(key, f"float value {encoded!r} is not float.hex() text") from None
+        elif value_type == "str" and isinstance(encoded, str):
+            value = encoded
+        elif value_type == "bool" and isinstance(encoded, bool):
+            value = encoded
+        elif value_type == "bytes" and isinstance(encoded, str):
+            try:
+                value = base64.b64decode(encoded, validate=True)
+            except ValueError:
+                raise _fail(key, "bytes value is not base64") from None
+        elif value_type == "none" and encoded is None:
+            value = None
+        else:
+            raise _fail(key, f"primitive type {value_type!r} with value {encoded!r} is not one of {_PRIMITIVE_TYPES}")
+        return cls(value_type, value, _field(key, raw, "replicated", bool, False))
+
+
+@dataclasses.dataclass(frozen=True)
+class DictEntry:
+    """A ``dict`` (or ``OrderedDict`` when ``ordered``); ``keys`` keeps order and str/int type."""
+
+    kind: ClassVar[str] = "dict"
+    keys: tuple[str | int, ...]
+    ordered: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "ordered_dict" if self.ordered else "dict", "keys": list(self.keys)}
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> DictEntry:
+        keys = _field(key, raw, "keys", list)
+        if not all(isinstance(k, str) or type(k) is int for k in keys):
+            raise _fail(key, "dict keys must be strings or integers")
+        return cls(tuple(keys), raw["kind"] == "ordered_dict")
+
+
+@dataclasses.dataclass(frozen=True)
+class ListEntry:
+    """A ``list`` of ``length`` children named ``0`` .. ``length - 1``."""
+
+    kind: ClassVar[str] = "list"
+    length: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "length": self.length}
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> ListEntry:
+        length = _field(key, raw, "length", int)
+        if length < 0:
+            raise _fail(key, "length must be non-negative")
+        return cls(length)
+
+
+@dataclasses.dataclass(frozen=True)
+class TupleEntry(ListEntry):
+    """A ``tuple`` of ``length`` children named ``0`` .. ``length - 1``."""
+
+    kind: ClassVar[str] = "tuple"
+
+
+ContainerEntry = Union[DictEntry, ListEntry, TupleEntry]
+Entry = Union[TensorEntry, ObjectEntry, PrimitiveEntry, DictEntry, ListEntry, TupleEntry]
+
+_DECODERS: dict[str, Callable[[str, dict[str, Any]], Entry]] = {
+    "tensor": TensorEntry.from_json,
+    "object": ObjectEntry.from_json,
+    "primitive": PrimitiveEntry.from_json,
+    "dict": DictEntry.from_json,
+    "ordered_dict": DictEntry.from_json,
+    "list": ListEntry.from_json,
+    "tuple": TupleEntry.from_json,
+}
+
+_MISSING = object()
+
+
+def _field(key: str, raw: Mapping[str, Any], name: str, expected: type, default: Any = _MISSING) -> Any:
+    value = raw.get(name, _MISSING)
+    if value is _MISSING:
+        if default is not _MISSING:
+            return default
+        raise _fail(key, f"field {name!r} is missing")
+    if expected is int and type(value) is not int:
+        raise _fail(key, f"field {name!r} must be an integer, got {value!r}")
+    if not isinstance(value, expected):
+        raise _fail(key, f"field {name!r} must be {expected.__name__}, got {type(value).__name__}")
+    return value
+
+
+def decode_entry(key: str, raw: object) -> Entry:
+    """Decode one manifest entry, rejecting kinds this format version does not define."""
+    if not isinstance(raw, dict):
+        raise _fail(key, "entry is not a mapping")
+    kind = raw.get("kind")
+    decoder = _DECODERS.get(kind) if isinstance(kind, str) else None
+    if decoder is None:
+        raise _fail(key, f"unknown entry kind {kind!r}; known kinds: {sorted(_DECODERS)}")
+    return decoder(key, raw)
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotMetadata:
+    """The decoded ``.snapshot_metadata`` document.
+
+    Attributes:
+        format_version: on-disk format version (this snapshotkit writes and reads 1).
+        snapshotkit_version: version of the snapshotkit that wrote the snapshot.
+        torch_version: ``torch.__version__`` of the writer.
+        created_at: UTC time the take committed, ISO 8601.
+        world_size: number of ranks that took the snapshot.
+        manifest: ``"<rank>/<logical path>"`` -> entry, in flatten order.
+    """
+
+    format_version: int
+    snapshotkit_version: str
+    torch_version: str
+    created_at: str
+    world_size: int
+    manifest: dict[str, Entry]
+
+    @property
+    def version(self) -> str:
+        """The writer's snapshotkit version (torchsnapshot's name for it)."""
+        return self.snapshotkit_version
+
+    def to_json_text(self) -> str:
+        """The manifest document as JSON text (valid YAML), one entry per line."""
+        head = {
+            "format": FORMAT_NAME,
+            "format_version": self.format_version,
+            "snapshotkit_version": self.snapshotkit_version,
+            "torch_version": self.torch_version,
+            "created_at": self.created_at,
+            "world_size": self.world_size,
+        }
+        lines = ["{"]
+        lines.extend(f"{json.dumps(k)}: {json.dumps(v)}," for k, v in head.items())
+        if self.manifest:
+            lines.append('"manifest": {')
+            body = [
+                f"{json.dumps(k)}: {json.dumps(e.to_json(), separators=(',', ':'), allow_nan=False)}"
+                for k, e in self.manifest.items()
+            ]
+            lines.append(",\n".join(body))
+            lines.append("}")
+        else:
+            lines.append('"manifest": {}')
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_text(cls, text: str | bytes) -> SnapshotMetadata:
+        """Parse a manifest document: JSON, or any YAML a human may have rewritten it as."""
+        try:
+            document = json.loads(text)
+        except ValueError:
+            document = _load_yaml(text)
+        if not isinstance(document, dict):
+            raise ManifestError("the manifest is not a mapping; the file is corrupt or not a snapshotkit manifest")
+        if document.get("format") != FORMAT_NAME:
+            raise ManifestError(
+                f"the manifest's format is {document.get('format')!r}, not {FORMAT_NAME!r}; "
+                "this is not a snapshotkit snapshot (a torchsnapshot one? restore it with torchsnapshot, then take it again)"
+            )
+        version = document.get("format_version")
+        if type(version) is not int or version < 1:
+            raise ManifestError(f"format_version {version!r} is not a positive integer")
+        if version > FORMAT_VERSION:
+            raise UnsupportedFormatVersionError(
+                f"this snapshot has format version {version} (written by snapshotkit "
+                f"{document.get('snapshotkit_version')!r}); this snapshotkit reads versions up to {FORMAT_VERSION}. "
+                "Upgrade: pip install -U snapshotkit"
+            )
+        head: dict[str, Any] = {}
+        for name, expected in (
+            ("snapshotkit_version", str),
+            ("torch_version", str),
+            ("created_at", str),
+            ("world_size", int),
+        ):
+            head[name] = _field("<header>", document, name, expected)
+        if head["world_size"] < 1:
+            raise ManifestError(f"world_size {head['world_size']!r} must be at least 1")
+        raw_manifest = _field("<header>", document, "manifest", dict)
+        manifest: dict[str, Entry] = {}
+        for key, raw in raw_manifest.items():
+            if not isinstance(key, str) or "/" not in key or not key.split("/", 1)[0].isdigit():
+                raise ManifestError(f"manifest key {key!r} is not '<rank>/<logical path>'")
+            manifest[key] = decode_entry(key, raw)
+        return cls(format_version=version, manifest=manifest, **head)
+
+
+def _load_yaml(text: str | bytes) -> Any:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"the manifest is neither JSON nor YAML ({exc}); the file is corrupt") from None

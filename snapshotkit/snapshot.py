@@ -1,0 +1,279 @@
+"""The facade: :class:`Snapshot`. It orchestrates; the modules it calls do the work."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from ._async import run_sync
+from ._budget import MemoryBudget
+from ._config import Config
+from ._dist import resolve_group
+from ._flatten import inflate
+from ._load import LeafLoader, describe_mismatch, tensor_matches
+from ._read_pipeline import read_pieces
+from ._restore import close_matches, plan_restore, rank_view, subtree
+from ._take import collect_state, execute_take, plan_take, validate_app_state
+from .errors import (
+    IncompleteSnapshotError,
+    LogicalPathNotFoundError,
+    ManifestError,
+    SnapshotExistsError,
+    SnapshotNotFoundError,
+)
+from .manifest import METADATA_FILENAME, Entry, SnapshotMetadata, TensorEntry
+from .stateful import AppState
+from .storage import StoragePlugin, url_to_storage_plugin
+
+__all__ = ["Snapshot"]
+
+T = TypeVar("T")
+
+
+class Snapshot:
+    """A committed snapshot at a path (local directory or storage URI).
+
+    ``Snapshot(path)`` is cheap: the manifest is read on first use. Use :meth:`take` to create
+    one; :meth:`restore` and :meth:`read_object` to get state back.
+
+    Args:
+        path: where the snapshot lives: ``/local/dir``, ``file:///dir``, ``memory://name``, or
+            any scheme a registered storage plugin serves.
+        pg: the ``torch.distributed`` process group (default: the default group, or world size 1
+            when torch.distributed is not initialized).
+        storage_options: passed to the storage plugin (credentials, endpoints...).
+    """
+
+    def __init__(self, path: str, *, pg: Any | None = None, storage_options: dict[str, Any] | None = None) -> None:
+        self.path = str(path)
+        self.pg = pg
+        self._storage_options = dict(storage_options or {})
+        self._metadata: SnapshotMetadata | None = None
+
+    def __repr__(self) -> str:
+        return f"Snapshot({self.path!r})"
+
+    @classmethod
+    def take(
+        cls,
+        path: str,
+        app_state: AppState,
+        *,
+        pg: Any | None = None,
+        replicated: Sequence[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        memory_budget_bytes: int | None = None,
+    ) -> Snapshot:
+        """Snapshot the state of every object in ``app_state`` to ``path``.
+
+        Calls each object's ``state_dict()`` (an :class:`~snapshotkit.RNGState` first), writes the
+        tensors and objects into a few large data objects under a host-memory budget, then
+        commits the manifest. Nothing at ``path`` opens as a snapshot until the commit.
+
+        Args:
+            path: a location that does not hold a snapshot yet.
+            app_state: name -> :class:`~snapshotkit.Stateful` (modules, optimizers, schedulers,
+                :class:`~snapshotkit.StateDict`, ...).
+            pg: the process group (see the class docstring).
+            replicated: glob patterns over logical paths (``"optim/**"``) of state that is the
+                same on every rank; recorded as replicated in the manifest.
+            storage_options: passed to the storage plugin.
+            memory_budget_bytes: host bytes the pipeline may hold at once (default:
+                ``SNAPSHOTKIT_MEMORY_BUDGET_BYTES``, else 60% of available RAM, at most 32 GiB).
+
+        Returns:
+            The committed snapshot.
+
+        Raises:
+            SnapshotExistsError: ``path`` already holds a snapshot (it is never overwritten).
+            InvalidAppStateError: an ``app_state`` value is not Stateful.
+            UnsupportedValueError: a leaf cannot be stored (unpicklable, meta tensor).
+        """
+        group = resolve_group(pg)
+        config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
+        states_of = validate_app_state(app_state)
+        snapshot = cls(path, pg=pg, storage_options=storage_options)
+
+        async def refuse_existing() -> None:
+            plugin = snapshot._plugin()
+            try:
+                if await plugin.exists(METADATA_FILENAME):
+                    raise SnapshotExistsError(
+                        f"a snapshot already exists at {snapshot.path!r}; snapshotkit never overwrites one. "
+                        "Take to a new path (e.g. one per step), or delete the old snapshot first"
+                    )
+            finally:
+                await plugin.close()
+
+        run_sync(refuse_existing())
+        plan = plan_take(collect_state(states_of), rank=group.rank, replicated=list(replicated or ()), config=config)
+
+        async def write() -> SnapshotMetadata:
+            plugin = snapshot._plugin()
+            try:
+                return await execute_take(plugin, plan, path=snapshot.path, world_size=group.world_size, config=config)
+            finally:
+                await plugin.close()
+
+        snapshot._metadata = run_sync(write())
+        return snapshot
+
+    def _plugin(self) -> StoragePlugin:
+        return url_to_storage_plugin(self.path, self._storage_options)
+
+    @property
+    def metadata(self) -> SnapshotMetadata:
+        """The decoded manifest (read once, then cached).
+
+        Raises:
+            SnapshotNotFoundError: nothing is at the path.
+            IncompleteSnapshotError: data is there but the take never committed.
+            ManifestError: the manifest is malformed or from a newer format version.
+        """
+        if self._metadata is None:
+            self._metadata = run_sync(self._load_metadata())
+        return self._metadata
+
+    async def _load_metadata(self) -> SnapshotMetadata:
+        plugin = self._plugin()
+        try:
+            try:
+                text = await plugin.read(METADATA_FILENAME)
+            except FileNotFoundError:
+                leftovers: list[str] = []
+                if plugin.capabilities.listing:
+                    leftovers = await plugin.list("")
+                if leftovers:
+                    raise IncompleteSnapshotError(
+                        f"{self.path!r} holds {len(leftovers)} object(s) but no {METADATA_FILENAME}: the take that "
+                        "wrote it never committed (it failed or was interrupted), so it is not a snapshot. "
+                        "Restore from an earlier snapshot and delete this path"
+                    ) from None
+                raise SnapshotNotFoundError(
+                    f"no snapshot at {self.path!r} (no {METADATA_FILENAME} there); check the path"
+                ) from None
+        finally:
+            await plugin.close()
+        try:
+            return SnapshotMetadata.from_text(bytes(text))
+        except ManifestError as exc:
+            raise type(exc)(f"{self.path}/{METADATA_FILENAME}: {exc}") from None
+
+    def get_manifest(self) -> dict[str, Entry]:
+        """A copy of the manifest: ``"<rank>/<logical path>"`` -> entry."""
+        return copy.deepcopy(self.metadata.manifest)
+
+    def restore(
+        self,
+        app_state: AppState,
+        *,
+        strict: bool = True,
+        memory_budget_bytes: int | None = None,
+        weights_only: bool = True,
+        verify_checksums: bool | None = None,
+    ) -> None:
+        """Load the snapshot into the objects of ``app_state``, in place where possible.
+
+        Tensors whose dtype and shape match the object's current ``state_dict()`` are filled in
+        place (tied weights stay tied); the rest are loaded fresh and handed to
+        ``load_state_dict()``. An :class:`~snapshotkit.RNGState` is loaded last.
+
+        Args:
+            app_state: a subset of the keys the snapshot was taken with.
+            strict: refuse tensors whose shape/dtype differ from their destination and modules
+                whose keys differ; with ``False`` such tensors load fresh and modules load with
+                ``strict=False``.
+            memory_budget_bytes: host bytes for bounce buffers at once (see :meth:`take`).
+            weights_only: load pickled objects with ``torch.load(weights_only=True)``; pass
+                ``False`` only for snapshots you trust.
+            verify_checksums: check every piece's CRC-32C (default on, or
+                ``SNAPSHOTKIT_VERIFY_CHECKSUMS``).
+
+        Raises:
+            LogicalPathNotFoundError: an app_state key is not in the snapshot.
+            StateMismatchError: (strict) a tensor or module does not match.
+            IntegrityError: stored bytes are corrupt or truncated.
+        """
+        group = resolve_group(self.pg)
+        config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
+        states_of = validate_app_state(app_state)
+        loader = LeafLoader(weights_only=weights_only)
+        steps = plan_restore(
+            rank_view(self.metadata, group.rank), states_of, strict=strict, loader=loader, snapshot_path=self.path
+        )
+        run_sync(self._fetch(loader, config))
+        for step in steps:
+            step()
+
+    async def _fetch(self, loader: LeafLoader, config: Config) -> None:
+        plugin = self._plugin()
+        try:
+            await read_pieces(
+                plugin,
+                loader.reads,
+                budget=MemoryBudget(config.memory_budget_bytes),
+                io_concurrency=config.io_concurrency,
+                verify=config.verify_checksums,
+            )
+        finally:
+            await plugin.close()
+
+    def read_object(
+        self,
+        path: str,
+        obj_out: T | None = None,
+        *,
+        memory_budget_bytes: int | None = None,
+        weights_only: bool = True,
+        verify_checksums: bool | None = None,
+    ) -> T:
+        """Read one value by logical path, without loading anything else.
+
+        Args:
+            path: a logical path such as ``"model/layer1.weight"`` (torchsnapshot's rank-prefixed
+                ``"0/model/layer1.weight"`` works too). A container path (``"model"``) returns
+                the whole subtree.
+            obj_out: a tensor of the stored dtype and shape to load into in place; it is returned.
+            memory_budget_bytes: host bytes for bounce buffers at once; large tensors are read
+                in byte ranges of at most this size when they cannot land in place directly.
+            weights_only: see :meth:`restore`.
+            verify_checksums: see :meth:`restore`.
+
+        Raises:
+            LogicalPathNotFoundError: no such logical path (the message lists close matches).
+            StateMismatchError: ``obj_out`` is a tensor of another dtype or shape.
+        """
+        group = resolve_group(self.pg)
+        config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
+        view, logical = self._resolve_logical_path(path, group.rank)
+        entry = view[logical]
+        loader = LeafLoader(weights_only=weights_only)
+        if isinstance(entry, TensorEntry) and obj_out is not None:
+            import torch
+
+            if isinstance(obj_out, torch.Tensor) and not tensor_matches(entry, obj_out):
+                raise describe_mismatch(logical, entry, obj_out)
+        containers, leaves = subtree(view, logical)
+        if containers:
+            thunks = {p: loader.add(p, e) for p, e in leaves.items()}
+        else:
+            thunks = {logical: loader.add(logical, entry, obj_out)}
+        run_sync(self._fetch(loader, config))
+        result: T = inflate(logical, containers, {p: thunk() for p, thunk in thunks.items()})
+        return result
+
+    def _resolve_logical_path(self, path: str, rank: int) -> tuple[dict[str, Entry], str]:
+        """The rank view and logical path ``path`` names; ``"<rank>/..."`` selects that rank's view."""
+        view = rank_view(self.metadata, rank)
+        if path in view:
+            return view, path
+        head, _, rest = path.partition("/")
+        if head.isdigit() and rest:
+            prefixed_view = rank_view(self.metadata, int(head))
+            if rest in prefixed_view:
+                return prefixed_view, rest
+        raise LogicalPathNotFoundError(
+            f"logical path {path!r} is not in the snapshot at {self.path!r}{close_matches(path, view)}. "
+            "List the paths with Snapshot(path).get_manifest()"
+        )

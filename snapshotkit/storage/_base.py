@@ -1,0 +1,144 @@
+"""The storage plugin SPI: a small async interface every backend implements."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+
+@dataclasses.dataclass(frozen=True)
+class ByteRange:
+    """The half-open byte range ``[start, end)`` of a stored object."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"byte range [{self.start}, {self.end}) needs 0 <= start <= end")
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a plugin can do beyond the required methods.
+
+    Attributes:
+        atomic_exclusive_write: ``write_exclusive`` cannot race (fs ``link``, S3 ``If-None-Match``).
+        listing: ``list`` is implemented.
+        zero_copy_read_into: ``read_into`` fills caller buffers without an intermediate copy.
+    """
+
+    atomic_exclusive_write: bool = False
+    listing: bool = False
+    zero_copy_read_into: bool = False
+
+
+def as_buffers(data: Buffer | Sequence[Buffer]) -> list[memoryview]:
+    """Normalise ``write``'s ``data`` argument to a list of flat byte memoryviews (no copies)."""
+    items = [data] if isinstance(data, (bytes, bytearray, memoryview)) or not isinstance(data, Sequence) else data
+    views = []
+    for item in items:
+        view = memoryview(item)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        views.append(view)
+    return views
+
+
+class StoragePlugin(abc.ABC):
+    """Where snapshot bytes live. One instance serves one snapshot root (directory or prefix).
+
+    Required: :meth:`write`, :meth:`read`, :meth:`delete`, :meth:`close`. The rest have
+    defaults built on those and may be overridden for speed.
+
+    Contract:
+        * Locations are relative ``/``-separated paths below the plugin's root.
+        * A missing object raises ``FileNotFoundError``.
+        * A byte range that reaches past the end of the object raises ``EOFError``: a short read
+          is an error, never silent truncation.
+        * ``write`` accepts bytes, bytearrays, memoryviews, or a sequence of them (written back to
+          back as one object) and does not copy them more than the backend needs.
+        * ``write`` replaces an existing object; :meth:`write_exclusive` never does.
+        * After ``write`` returns, the object is durable as far as the backend can promise.
+        * ``close`` is idempotent.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    @abc.abstractmethod
+    async def write(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
+        """Store ``data`` (one buffer, or several concatenated) as the object ``location``."""
+
+    @abc.abstractmethod
+    async def read(self, location: str, byte_range: ByteRange | None = None) -> bytes | memoryview:
+        """Return the bytes of ``location`` (all of it, or ``byte_range``)."""
+
+    @abc.abstractmethod
+    async def delete(self, location: str) -> None:
+        """Remove ``location``; a missing object raises ``FileNotFoundError``."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections and other resources; safe to call more than once."""
+
+    async def read_into(self, location: str, start: int, buffers: Sequence[memoryview]) -> None:
+        """Fill ``buffers`` in order with the bytes of ``location`` from offset ``start``.
+
+        The default reads the range and copies it; plugins that can read straight into caller
+        memory override this.
+        """
+        total = sum(b.nbytes for b in buffers)
+        data = memoryview(await self.read(location, ByteRange(start, start + total))).cast("B")
+        if data.nbytes != total:
+            raise EOFError(f"{location}: read {data.nbytes} bytes at offset {start}, wanted {total}")
+        offset = 0
+        for buffer in buffers:
+            buffer.cast("B")[:] = data[offset : offset + buffer.nbytes]
+            offset += buffer.nbytes
+
+    async def exists(self, location: str) -> bool:
+        """Whether ``location`` exists."""
+        try:
+            await self.read(location, ByteRange(0, 0))
+        except FileNotFoundError:
+            return False
+        return True
+
+    async def write_exclusive(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
+        """Write ``location`` only if it does not exist (else ``FileExistsError``), durably.
+
+        Used for the commit marker. The default checks then writes, which can race; plugins
+        with an atomic primitive override it and set ``capabilities.atomic_exclusive_write``.
+        """
+        if await self.exists(location):
+            raise FileExistsError(location)
+        await self.write(location, data)
+
+    async def list(self, prefix: str = "") -> list[str]:
+        """Locations under ``prefix`` (``""`` for all), sorted."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list objects")
+
+    async def delete_prefix(self, prefix: str) -> None:
+        """Delete every object under ``prefix``; nothing there is not an error."""
+        for location in await self.list(prefix):
+            try:
+                await self.delete(location)
+            except FileNotFoundError:
+                pass
+
+    async def discard(self, locations: Sequence[str]) -> None:
+        """Best-effort removal of objects a failed take wrote; missing ones are skipped."""
+        for location in locations:
+            try:
+                await self.delete(location)
+            except FileNotFoundError:
+                continue

@@ -1,0 +1,210 @@
+"""The local filesystem plugin: the fast path.
+
+Writes are ``writev`` of the caller's buffers followed by ``fdatasync``; reads are ``preadv``
+straight into caller memory. The commit marker is written to a temporary name, synced, and
+hard-linked into place, which fails if the name exists, so two takes can never both commit.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .._async import to_thread
+from ._base import ByteRange, Capabilities, StoragePlugin, as_buffers
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+try:
+    _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
+except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+    _IOV_MAX = 1024
+#: Largest single write/read syscall (Linux caps one call at just under 2 GiB).
+_MAX_SYSCALL_BYTES = 1 << 30
+
+
+def _writev_all(fd: int, buffers: list[memoryview]) -> None:
+    pending = [b for b in buffers if b.nbytes]
+    while pending:
+        batch: list[memoryview] = []
+        batch_bytes = 0
+        for buffer in pending[:_IOV_MAX]:
+            if batch and batch_bytes + buffer.nbytes > _MAX_SYSCALL_BYTES:
+                break
+            batch.append(buffer)
+            batch_bytes += buffer.nbytes
+        written = os.writev(fd, batch)
+        # Drop what was written; a partial write leaves the tail of one buffer.
+        consumed = 0
+        while consumed < len(pending) and written >= pending[consumed].nbytes:
+            written -= pending[consumed].nbytes
+            consumed += 1
+        pending = pending[consumed:]
+        if written:
+            pending[0] = pending[0][written:]
+
+
+def _preadv_all(fd: int, start: int, buffers: Sequence[memoryview], location: str) -> None:
+    pending = [b.cast("B") if b.format != "B" else b for b in buffers if b.nbytes]
+    offset = start
+    while pending:
+        batch = pending[:_IOV_MAX]
+        got = os.preadv(fd, batch, offset)
+        if got == 0:
+            remaining = sum(b.nbytes for b in pending)
+            raise EOFError(
+                f"{location}: object ends at byte {offset}, but {remaining} more bytes were expected "
+                f"(read started at {start}); the data object is truncated"
+            )
+        offset += got
+        consumed = 0
+        while consumed < len(pending) and got >= pending[consumed].nbytes:
+            got -= pending[consumed].nbytes
+            consumed += 1
+        pending = pending[consumed:]
+        if got:
+            pending[0] = pending[0][got:]
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some filesystems refuse directory fsync
+        pass
+    finally:
+        os.close(fd)
+
+
+class FSStoragePlugin(StoragePlugin):
+    """Snapshot objects as files below a root directory."""
+
+    capabilities = Capabilities(atomic_exclusive_write=True, listing=True, zero_copy_read_into=True)
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._known_dirs: set[Path] = set()
+        self._created_dirs: set[Path] = set()
+
+    def _path(self, location: str) -> Path:
+        return self.root / location
+
+    def _ensure_parent(self, path: Path) -> None:
+        parent = path.parent
+        if parent not in self._known_dirs:
+            missing = [p for p in (parent, *parent.parents) if not p.exists()]
+            parent.mkdir(parents=True, exist_ok=True)
+            self._created_dirs.update(missing)
+            self._known_dirs.add(parent)
+
+    def _write_blocking(self, path: Path, buffers: list[memoryview]) -> None:
+        self._ensure_parent(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            _writev_all(fd, buffers)
+            (getattr(os, "fdatasync", None) or os.fsync)(fd)
+        finally:
+            os.close(fd)
+
+    async def write(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
+        await to_thread(self._write_blocking, self._path(location), as_buffers(data))
+
+    def _read_blocking(self, location: str, byte_range: ByteRange | None) -> bytes | memoryview:
+        path = self._path(location)
+        with open(path, "rb", buffering=0) as f:
+            if byte_range is None:
+                return f.read()
+            out = bytearray(byte_range.length)
+            _preadv_all(f.fileno(), byte_range.start, [memoryview(out)], location)
+            return memoryview(out)
+
+    async def read(self, location: str, byte_range: ByteRange | None = None) -> bytes | memoryview:
+        result: bytes | memoryview = await to_thread(self._read_blocking, location, byte_range)
+        return result
+
+    def _read_into_blocking(self, location: str, start: int, buffers: Sequence[memoryview]) -> None:
+        fd = os.open(self._path(location), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            _preadv_all(fd, start, buffers, location)
+        finally:
+            os.close(fd)
+
+    async def read_into(self, location: str, start: int, buffers: Sequence[memoryview]) -> None:
+        await to_thread(self._read_into_blocking, location, start, buffers)
+
+    async def exists(self, location: str) -> bool:
+        return bool(await to_thread(self._path(location).is_file))
+
+    def _write_exclusive_blocking(self, location: str, buffers: list[memoryview]) -> None:
+        final = self._path(location)
+        temporary = final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}")
+        self._write_blocking(temporary, buffers)
+        try:
+            # Directory entries of every object written so far must be durable before the marker.
+            for directory in sorted(self._known_dirs | {final.parent}, key=lambda p: len(p.parts), reverse=True):
+                _fsync_dir(directory)
+            try:
+                os.link(temporary, final)
+            except OSError as exc:
+                if exc.errno == errno.EEXIST:
+                    raise FileExistsError(errno.EEXIST, "object exists", str(final)) from None
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                    raise
+                # No hard links here (some FUSE/network filesystems): best effort, check then rename.
+                if final.exists():
+                    raise FileExistsError(errno.EEXIST, "object exists", str(final)) from None
+                os.rename(temporary, final)
+            _fsync_dir(final.parent)
+        finally:
+            try:
+                os.unlink(temporary)
+            except FileNotFoundError:
+                pass
+
+    async def write_exclusive(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
+        await to_thread(self._write_exclusive_blocking, location, as_buffers(data))
+
+    async def delete(self, location: str) -> None:
+        await to_thread(os.unlink, self._path(location))
+
+    def _list_blocking(self, prefix: str) -> list[str]:
+        base = self.root
+        if not base.is_dir():
+            return []
+        found = []
+        for dirpath, _dirnames, filenames in os.walk(base):
+            for name in filenames:
+                relative = Path(dirpath, name).relative_to(base).as_posix()
+                if relative.startswith(prefix):
+                    found.append(relative)
+        return sorted(found)
+
+    async def list(self, prefix: str = "") -> list[str]:
+        result: list[str] = await to_thread(self._list_blocking, prefix)
+        return result
+
+    def _remove_empty_dirs(self) -> None:
+        for directory in sorted(self._created_dirs, key=lambda p: len(p.parts), reverse=True):
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
+
+    async def delete_prefix(self, prefix: str) -> None:
+        await super().delete_prefix(prefix)
+        await to_thread(self._remove_empty_dirs)
+
+    async def discard(self, locations: Sequence[str]) -> None:
+        await super().discard(locations)
+        await to_thread(self._remove_empty_dirs)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,73 @@
+"""URI -> storage plugin.
+
+Resolution order: no scheme or ``file://`` -> the local filesystem plugin; plugins registered
+at runtime with :func:`register_storage_plugin`; then the built-in table.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..errors import UnknownStorageSchemeError
+from ._base import StoragePlugin
+
+#: ``factory(root, storage_options) -> StoragePlugin``; root is the URI without ``scheme://``.
+StoragePluginFactory = Callable[[str, Mapping[str, Any]], StoragePlugin]
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://(.*)$", re.DOTALL)
+
+_registered: dict[str, StoragePluginFactory] = {}
+_registered_lock = threading.Lock()
+
+
+def _fs_factory(root: str, storage_options: Mapping[str, Any]) -> StoragePlugin:
+    from ._fs import FSStoragePlugin
+
+    return FSStoragePlugin(root)
+
+
+def _memory_factory(root: str, storage_options: Mapping[str, Any]) -> StoragePlugin:
+    from ._memory import MemoryStoragePlugin
+
+    return MemoryStoragePlugin(root)
+
+
+_BUILTIN: dict[str, StoragePluginFactory] = {"file": _fs_factory, "memory": _memory_factory}
+
+
+def register_storage_plugin(scheme: str, factory: StoragePluginFactory) -> None:
+    """Serve ``scheme://...`` URIs with ``factory(root, storage_options)``; replaces earlier registrations."""
+    with _registered_lock:
+        _registered[scheme.lower()] = factory
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """``"s3://bucket/p"`` -> ``("s3", "bucket/p")``; a plain path -> ``("file", path)``."""
+    match = _SCHEME.match(uri)
+    if match is None:
+        return "file", uri
+    return match.group(1).lower(), match.group(2)
+
+
+def url_to_storage_plugin(uri: str, storage_options: Mapping[str, Any] | None = None) -> StoragePlugin:
+    """The storage plugin for a snapshot URI.
+
+    Raises:
+        UnknownStorageSchemeError: no plugin serves the URI's scheme.
+    """
+    scheme, root = split_uri(uri)
+    options = dict(storage_options or {})
+    with _registered_lock:
+        factory = _registered.get(scheme)
+    if factory is None:
+        factory = _BUILTIN.get(scheme)
+    if factory is None:
+        known = sorted({*_BUILTIN, *_registered})
+        raise UnknownStorageSchemeError(
+            f"no storage plugin for scheme {scheme!r} in {uri!r}; known schemes: {', '.join(known)}. "
+            "Register one with snapshotkit.storage.register_storage_plugin()"
+        )
+    return factory(root, options)
