@@ -23,6 +23,9 @@ from .storage import StoragePlugin
 
 #: Largest merged read; big enough to amortise requests, small enough to keep several in flight.
 MAX_BATCH_BYTES = 32 << 20
+#: Smallest sub-range a large piece is fetched in, whatever the budget: below this, per-request
+#: overhead dominates; a budget smaller than this lets one sub-range run alone.
+MIN_SUBRANGE_BYTES = 4096
 
 
 @dataclasses.dataclass
@@ -108,7 +111,8 @@ async def _run_streamed(plugin: StoragePlugin, read: PieceRead, budget: MemoryBu
     """Fetch one large bounce piece in budget-sized sub-ranges, checksumming as it goes."""
     assert read.consume is not None
     start, end = read.piece.byte_range
-    step = max(read.itemsize, budget.total_bytes - budget.total_bytes % read.itemsize)
+    size = max(budget.total_bytes, MIN_SUBRANGE_BYTES)
+    step = max(read.itemsize, size - size % read.itemsize)
     running = 0
     for offset in range(start, end, step):
         length = min(step, end - offset)
@@ -139,7 +143,8 @@ async def read_pieces(
     """Fetch every piece in ``reads`` into its destination, merging nearby ranges."""
     import asyncio
 
-    streamed = [r for r in reads if r.direct is None and r.splittable and r.piece.nbytes > budget.total_bytes]
+    threshold = max(budget.total_bytes, MIN_SUBRANGE_BYTES)
+    streamed = [r for r in reads if r.direct is None and r.splittable and r.piece.nbytes > threshold]
     streamed_ids = {id(r) for r in streamed}
     requests = [
         RangeRequest(r.piece.location, r.piece.byte_range[0], r.piece.byte_range[1], index)

@@ -20,12 +20,12 @@ from typing import Any, ClassVar, Union
 from .errors import ManifestError, UnsafeLocationError, UnsupportedFormatVersionError
 
 __all__ = [
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "METADATA_FILENAME",
     "DictEntry",
     "Entry",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
     "ListEntry",
+    "METADATA_FILENAME",
     "ObjectEntry",
     "Piece",
     "PrimitiveEntry",

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import pytest
+
+from snapshotkit._config import Config, default_memory_budget_bytes
+from snapshotkit.errors import ConfigError
+
+
+def test_argument_beats_environment_beats_default() -> None:
+    env = {"SNAPSHOTKIT_MEMORY_BUDGET_BYTES": "1_000_000"}
+    assert Config.resolve(memory_budget_bytes=5, environ=env).memory_budget_bytes == 5
+    assert Config.resolve(environ=env).memory_budget_bytes == 1_000_000
+    assert Config.resolve(environ={}).memory_budget_bytes == default_memory_budget_bytes()
+
+
+def test_default_budget_is_bounded() -> None:
+    budget = default_memory_budget_bytes()
+    assert 64 << 20 <= budget <= 32 << 30
+    assert default_memory_budget_bytes(local_world_size=8) <= budget
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SNAPSHOTKIT_MEMORY_BUDGET_BYTES", "lots"),
+        ("SNAPSHOTKIT_MEMORY_BUDGET_BYTES", "-5"),
+        ("SNAPSHOTKIT_CHUNK_BYTES", "0"),
+        ("SNAPSHOTKIT_VERIFY_CHECKSUMS", "maybe"),
+    ],
+)
+def test_bad_environment_values_are_config_errors(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        Config.resolve(environ={name: value})
+
+
+def test_verify_checksums_from_environment() -> None:
+    assert Config.resolve(environ={"SNAPSHOTKIT_VERIFY_CHECKSUMS": "0"}).verify_checksums is False
+    assert Config.resolve(verify_checksums=True, environ={"SNAPSHOTKIT_VERIFY_CHECKSUMS": "0"}).verify_checksums
+
+
+def test_explicit_non_positive_budget_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="memory_budget_bytes"):
+        Config.resolve(memory_budget_bytes=0, environ={})
