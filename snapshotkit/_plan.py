@@ -55,8 +55,8 @@ def _align_up(value: int, alignment: int) -> int:
 
 def split_payload(nbytes: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
     """Byte ranges of at most ``chunk_bytes`` (at least one element) covering ``[0, nbytes)``."""
-    if nbytes == 0:
-        return []
+    if nbytes <= chunk_bytes:
+        return [(0, nbytes)] if nbytes else []
     step = max(itemsize, chunk_bytes - chunk_bytes % itemsize)
     return [(start, min(start + step, nbytes)) for start in range(0, nbytes, step)]
 

@@ -8,6 +8,7 @@ stored as ``torch.save`` bytes and loaded with ``weights_only=True`` unless the 
 
 from __future__ import annotations
 
+import ctypes
 import io
 import math
 import pickle
@@ -67,7 +68,7 @@ def tensor_serializer(tensor: torch.Tensor) -> str:
 def is_zero_copy_source(tensor: torch.Tensor) -> bool:
     """Whether the tensor's own memory can be written out as it is, without a staging copy."""
     return (
-        tensor.device.type == "cpu"
+        tensor.is_cpu
         and tensor.is_contiguous()
         and not tensor.is_conj()
         and not tensor.is_neg()
@@ -82,12 +83,26 @@ def contiguous_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_memoryview_from_memory = ctypes.pythonapi.PyMemoryView_FromMemory
+_memoryview_from_memory.restype = ctypes.py_object
+_memoryview_from_memory.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
+_PYBUF_WRITE = 0x200
+
+
 def byte_view(tensor: torch.Tensor) -> memoryview:
-    """A flat byte memoryview of a contiguous CPU tensor's memory (shared, not copied)."""
-    flat = tensor.detach().reshape(-1)
-    if flat.dtype != torch.uint8:
-        flat = flat.view(torch.uint8)
-    return memoryview(flat.numpy()).cast("B")
+    """A flat, writable byte memoryview of a contiguous CPU tensor's memory (shared, not copied).
+
+    IMPORTANT: the view does not keep the tensor alive; the caller must hold a reference to the
+    tensor for as long as it uses the view. (Going through numpy would keep it alive but costs
+    ~5x more per tensor, which dominates snapshots of many small tensors.)
+    """
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        return memoryview(bytearray())
+    if not (tensor.is_cpu and tensor.is_contiguous()):
+        raise ValueError("byte_view needs a contiguous CPU tensor")
+    view: memoryview = _memoryview_from_memory(tensor.data_ptr(), nbytes, _PYBUF_WRITE)
+    return view
 
 
 def tensor_from_bytes(data: memoryview | bytes | bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

@@ -66,7 +66,7 @@ def _tensor_identity(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _PendingTensor:
     payload: int
     dtype: str
@@ -75,7 +75,7 @@ class _PendingTensor:
     replicated: bool
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _PendingObject:
     payload: int
     obj_type: str
@@ -168,7 +168,7 @@ def _plan_tensor(
     payloads: list[Payload],
     by_identity: dict[tuple[Any, ...], int],
 ) -> _PendingTensor:
-    if tensor.device.type == "meta":
+    if tensor.is_meta:
         raise UnsupportedValueError(
             f"the tensor at logical path {path!r} is on the meta device and has no data; materialize it first"
         )

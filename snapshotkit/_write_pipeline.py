@@ -25,7 +25,7 @@ from .storage import StoragePlugin
 _PADDING = bytes(64)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Payload:
     """The bytes of one stored value: a raw tensor's elements or serialized ``data``."""
 
@@ -40,7 +40,8 @@ class Payload:
 
     @classmethod
     def of_tensor(cls, tensor: torch.Tensor) -> Payload:
-        return cls(tensor.numel() * tensor.element_size(), tensor.element_size(), tensor=tensor)
+        itemsize = tensor.element_size()
+        return cls(tensor.numel() * itemsize, itemsize, tensor)
 
     @classmethod
     def of_bytes(cls, data: bytes) -> Payload:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import math
 import posixpath
@@ -54,7 +55,14 @@ def validate_location(location: object) -> str:
     A location is a relative POSIX path of non-empty components without ``.``, ``..`` or
     backslashes; it may not be the manifest itself.
     """
-    if not isinstance(location, str) or not location:
+    if isinstance(location, str):
+        return _validate_location_text(location)
+    raise UnsafeLocationError(f"location {location!r} is not a non-empty string")
+
+
+@functools.lru_cache(maxsize=4096)  # a manifest names few distinct data objects, many times
+def _validate_location_text(location: str) -> str:
+    if not location:
         raise UnsafeLocationError(f"location {location!r} is not a non-empty string")
     parts = location.split("/")
     if (
@@ -302,6 +310,7 @@ _DECODERS: dict[str, Callable[[str, dict[str, Any]], Entry]] = {
 }
 
 _MISSING = object()
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
 def _field(key: str, raw: Mapping[str, Any], name: str, expected: type, default: Any = _MISSING) -> Any:
@@ -363,12 +372,13 @@ class SnapshotMetadata:
             "created_at": self.created_at,
             "world_size": self.world_size,
         }
+        encode = _COMPACT_JSON.encode
         lines = ["{"]
         lines.extend(f"{json.dumps(k)}: {json.dumps(v)}," for k, v in head.items())
         if self.manifest:
             lines.append('"manifest": {')
             body = [
-                f"{json.dumps(k)}: {json.dumps(e.to_json(), separators=(',', ':'), allow_nan=False)}"
+                f"{encode(k)}: {encode(e.to_json())}"
                 for k, e in self.manifest.items()
             ]
             lines.append(",\n".join(body))
