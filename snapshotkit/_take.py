@@ -23,7 +23,13 @@ from ._plan import DataObjectPlan, PieceSlot, plan_layout
 from ._serialization import RAW, dtype_name, serialize_object, tensor_serializer
 from ._version import __version__
 from ._write_pipeline import Payload, write_data_objects
-from .errors import InvalidAppStateError, SnapshotExistsError, UnsupportedValueError
+from .errors import (
+    InvalidAppStateError,
+    SnapshotExistsError,
+    SnapshotkitError,
+    StorageError,
+    UnsupportedValueError,
+)
 from .manifest import FORMAT_VERSION, METADATA_FILENAME, Entry, ObjectEntry, Piece, PrimitiveEntry, SnapshotMetadata, TensorEntry
 from .stateful import RNGState, Stateful
 from .storage import StoragePlugin
@@ -240,9 +246,18 @@ async def execute_take(
                 "this take's data was discarded. Use a new path for every snapshot"
             ) from None
         return metadata
-    except BaseException:
-        try:
-            await plugin.discard(written)
-        except Exception:  # noqa: S110 - cleanup must not mask the take's own error
-            pass
+    except BaseException as exc:
+        await _discard(plugin, written)
+        if isinstance(exc, OSError) and not isinstance(exc, SnapshotkitError):
+            raise StorageError(
+                f"writing the snapshot at {path!r} failed: {type(exc).__name__}: {exc}. Nothing was committed; "
+                "check the path, permissions and free space, then take again"
+            ) from exc
         raise
+
+
+async def _discard(plugin: StoragePlugin, written: Sequence[str]) -> None:
+    try:
+        await plugin.discard(written)
+    except Exception:  # noqa: S110 - cleanup must not mask the take's own error
+        pass

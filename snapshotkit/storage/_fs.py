@@ -119,7 +119,11 @@ class FSStoragePlugin(StoragePlugin):
 
     def _read_blocking(self, location: str, byte_range: ByteRange | None) -> bytes | memoryview:
         path = self._path(location)
-        with open(path, "rb", buffering=0) as f:
+        try:
+            f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the with below
+        except (NotADirectoryError, IsADirectoryError):
+            raise FileNotFoundError(errno.ENOENT, "no such object", str(path)) from None
+        with f:
             if byte_range is None:
                 return f.read()
             out = bytearray(byte_range.length)
@@ -131,7 +135,10 @@ class FSStoragePlugin(StoragePlugin):
         return result
 
     def _read_into_blocking(self, location: str, start: int, buffers: Sequence[memoryview]) -> None:
-        fd = os.open(self._path(location), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fd = os.open(self._path(location), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except NotADirectoryError:
+            raise FileNotFoundError(errno.ENOENT, "no such object", str(self._path(location))) from None
         try:
             _preadv_all(fd, start, buffers, location)
         finally:
