@@ -1,10 +1,10 @@
 """snapshotkit: save and restore the whole state of a PyTorch program, fast and safely.
 
-    from snapshotkit import Snapshot, StateDict, RNGState
+from snapshotkit import Snapshot, StateDict, RNGState
 
-    snapshot = Snapshot.take("/ckpt/step_1000", {"model": model, "optim": optim, "rng": RNGState()})
-    Snapshot("/ckpt/step_1000").restore({"model": model, "optim": optim, "rng": RNGState()})
-    weight = Snapshot("/ckpt/step_1000").read_object("model/layer1.weight")
+snapshot = Snapshot.take("/ckpt/step_1000", {"model": model, "optim": optim, "rng": RNGState()})
+Snapshot("/ckpt/step_1000").restore({"model": model, "optim": optim, "rng": RNGState()})
+weight = Snapshot("/ckpt/step_1000").read_object("model/layer1.weight")
 """
 
 from __future__ import annotations

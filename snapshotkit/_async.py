@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -63,10 +64,8 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     except BaseException:
         if not future.done():
             future.cancel()
-            try:
+            with contextlib.suppress(BaseException):  # the original exception is what matters
                 future.result(timeout=30)
-            except BaseException:  # noqa: S110 - the original exception is what matters
-                pass
         raise
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ._read_pipeline import PieceRead
 from ._serialization import (
     RAW,
     byte_view,
@@ -16,7 +17,6 @@ from ._serialization import (
     is_zero_copy_source,
     tensor_from_bytes,
 )
-from ._read_pipeline import PieceRead
 from .errors import ManifestError, StateMismatchError
 from .manifest import Entry, ObjectEntry, Piece, PrimitiveEntry, TensorEntry
 
@@ -139,7 +139,5 @@ class LeafLoader:
                     values = tensor_from_bytes(data, dtype, (data.nbytes // itemsize,))
                     copy_flat_range_in(target, first_element + within // itemsize, values)
 
-                self.reads.append(
-                    PieceRead(piece, logical_path, consume=consume, splittable=True, itemsize=itemsize)
-                )
+                self.reads.append(PieceRead(piece, logical_path, consume=consume, splittable=True, itemsize=itemsize))
             offset += piece.nbytes

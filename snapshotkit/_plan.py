@@ -90,7 +90,7 @@ def plan_layout(
             current = []
             offset = 0
 
-    for index, (nbytes, itemsize) in enumerate(zip(payload_sizes, payload_itemsizes)):
+    for index, (nbytes, itemsize) in enumerate(zip(payload_sizes, payload_itemsizes, strict=False)):
         for start, end in split_payload(nbytes, itemsize, chunk_bytes):
             slot_offset = _align_up(offset, alignment)
             if current and slot_offset + (end - start) > data_object_bytes:

@@ -123,7 +123,9 @@ async def _run_streamed(plugin: StoragePlugin, read: PieceRead, budget: MemoryBu
             except (EOFError, FileNotFoundError) as exc:
                 raise _storage_failure(exc, read.piece.location, [read]) from exc
 
-            def finish(data: memoryview = data, offset: int = offset, length: int = length) -> int:
+            def finish(
+                data: memoryview = data, offset: int = offset, length: int = length, running: int = running
+            ) -> int:
                 value = _verify(read, data, running, final=offset + length == end) if verify else 0
                 assert read.consume is not None
                 read.consume(offset - start, data)

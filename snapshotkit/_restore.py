@@ -87,11 +87,14 @@ def plan_restore(
         thunks: dict[str, Callable[[], Any]] = {}
         for path, entry in leaves.items():
             destination = destinations.get(path)
-            if isinstance(entry, TensorEntry) and isinstance(destination, torch.Tensor):
-                if not tensor_matches(entry, destination):
-                    if strict and entry.serializer == "raw":
-                        raise describe_mismatch(path, entry, destination)
-                    destination = None
+            if (
+                isinstance(entry, TensorEntry)
+                and isinstance(destination, torch.Tensor)
+                and not tensor_matches(entry, destination)
+            ):
+                if strict and entry.serializer == "raw":
+                    raise describe_mismatch(path, entry, destination)
+                destination = None
             thunks[path] = loader.add(path, entry, destination)
         steps.append((isinstance(stateful, RNGState), _load_step(stateful, root, containers, thunks, strict)))
     return [step for _, step in sorted(steps, key=lambda s: s[0])]

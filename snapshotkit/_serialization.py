@@ -21,14 +21,10 @@ from .errors import ManifestError, UnsafeObjectError
 
 #: dtype name (``str(dtype)`` without ``torch.``) -> dtype, for every dtype this torch has.
 _DTYPES_BY_NAME: dict[str, torch.dtype] = {
-    str(value).removeprefix("torch."): value
-    for value in vars(torch).values()
-    if isinstance(value, torch.dtype)
+    str(value).removeprefix("torch."): value for value in vars(torch).values() if isinstance(value, torch.dtype)
 }
 
-_QUANTIZED_DTYPES = frozenset(
-    d for d in _DTYPES_BY_NAME.values() if d in {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
-)
+_QUANTIZED_DTYPES = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
 
 #: Tensor classes whose storage is exactly their elements (``nn.Parameter`` is one).
 _PLAIN_TENSOR_TYPES: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
@@ -67,12 +63,7 @@ def tensor_serializer(tensor: torch.Tensor) -> str:
 
 def is_zero_copy_source(tensor: torch.Tensor) -> bool:
     """Whether the tensor's own memory can be written out as it is, without a staging copy."""
-    return (
-        tensor.is_cpu
-        and tensor.is_contiguous()
-        and not tensor.is_conj()
-        and not tensor.is_neg()
-    )
+    return tensor.is_cpu and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()
 
 
 def contiguous_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:

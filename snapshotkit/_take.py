@@ -7,6 +7,7 @@ and in any case leaves no manifest, so nothing half-written ever opens as a snap
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import fnmatch
@@ -30,7 +31,16 @@ from .errors import (
     StorageError,
     UnsupportedValueError,
 )
-from .manifest import FORMAT_VERSION, METADATA_FILENAME, Entry, ObjectEntry, Piece, PrimitiveEntry, SnapshotMetadata, TensorEntry
+from .manifest import (
+    FORMAT_VERSION,
+    METADATA_FILENAME,
+    Entry,
+    ObjectEntry,
+    Piece,
+    PrimitiveEntry,
+    SnapshotMetadata,
+    TensorEntry,
+)
 from .stateful import RNGState, Stateful
 from .storage import StoragePlugin
 
@@ -120,9 +130,7 @@ def collect_state(app_state: dict[str, Stateful]) -> dict[str, Any]:
     return states
 
 
-def plan_take(
-    states: Mapping[str, Any], *, rank: int, replicated: Sequence[str], config: Config
-) -> TakePlan:
+def plan_take(states: Mapping[str, Any], *, rank: int, replicated: Sequence[str], config: Config) -> TakePlan:
     """Flatten collected state into manifest entries and a data-object layout."""
     entries: dict[str, Entry | _PendingTensor | _PendingObject] = {}
     payloads: list[Payload] = []
@@ -207,7 +215,9 @@ def _finish_entries(plan: TakePlan, checksums: Mapping[tuple[int, int], int]) ->
     manifest: dict[str, Entry] = {}
     for key, entry in plan.entries.items():
         if isinstance(entry, _PendingTensor):
-            manifest[key] = TensorEntry(entry.dtype, entry.shape, entry.serializer, pieces(entry.payload), entry.replicated)
+            manifest[key] = TensorEntry(
+                entry.dtype, entry.shape, entry.serializer, pieces(entry.payload), entry.replicated
+            )
         elif isinstance(entry, _PendingObject):
             (piece,) = pieces(entry.payload)  # torch.save output is never empty: exactly one piece
             manifest[key] = ObjectEntry(entry.obj_type, piece, entry.replicated)
@@ -257,7 +267,5 @@ async def execute_take(
 
 
 async def _discard(plugin: StoragePlugin, written: Sequence[str]) -> None:
-    try:
+    with contextlib.suppress(Exception):  # cleanup must not mask the take's own error
         await plugin.discard(written)
-    except Exception:  # noqa: S110 - cleanup must not mask the take's own error
-        pass

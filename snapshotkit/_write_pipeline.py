@@ -136,7 +136,7 @@ async def write_data_objects(
             written.append(plan.location)
             await plugin.write(plan.location, buffers)
             del keepalive
-        for slot, crc in zip(plan.slots, crcs):
+        for slot, crc in zip(plan.slots, crcs, strict=False):
             checksums[(slot.payload, slot.start)] = crc
 
     await gather_or_cancel(write_one(plan) for plan in plans)

@@ -16,7 +16,7 @@ import json
 import math
 import posixpath
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 from .errors import ManifestError, UnsafeLocationError, UnsupportedFormatVersionError
 
@@ -183,7 +183,12 @@ class ObjectEntry:
     replicated: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "obj_type": self.obj_type, "replicated": self.replicated, "piece": self.piece.to_json()}
+        return {
+            "kind": self.kind,
+            "obj_type": self.obj_type,
+            "replicated": self.replicated,
+            "piece": self.piece.to_json(),
+        }
 
     @classmethod
     def from_json(cls, key: str, raw: dict[str, Any]) -> ObjectEntry:
@@ -236,9 +241,7 @@ class PrimitiveEntry:
                 value = float.fromhex(encoded)
             except ValueError:
                 raise _fail(key, f"float value {encoded!r} is not float.hex() text") from None
-        elif value_type == "str" and isinstance(encoded, str):
-            value = encoded
-        elif value_type == "bool" and isinstance(encoded, bool):
+        elif (value_type == "str" and isinstance(encoded, str)) or (value_type == "bool" and isinstance(encoded, bool)):
             value = encoded
         elif value_type == "bytes" and isinstance(encoded, str):
             try:
@@ -296,8 +299,8 @@ class TupleEntry(ListEntry):
     kind: ClassVar[str] = "tuple"
 
 
-ContainerEntry = Union[DictEntry, ListEntry, TupleEntry]
-Entry = Union[TensorEntry, ObjectEntry, PrimitiveEntry, DictEntry, ListEntry, TupleEntry]
+ContainerEntry = DictEntry | ListEntry | TupleEntry
+Entry = TensorEntry | ObjectEntry | PrimitiveEntry | DictEntry | ListEntry | TupleEntry
 
 _DECODERS: dict[str, Callable[[str, dict[str, Any]], Entry]] = {
     "tensor": TensorEntry.from_json,
@@ -377,10 +380,7 @@ class SnapshotMetadata:
         lines.extend(f"{json.dumps(k)}: {json.dumps(v)}," for k, v in head.items())
         if self.manifest:
             lines.append('"manifest": {')
-            body = [
-                f"{encode(k)}: {encode(e.to_json())}"
-                for k, e in self.manifest.items()
-            ]
+            body = [f"{encode(k)}: {encode(e.to_json())}" for k, e in self.manifest.items()]
             lines.append(",\n".join(body))
             lines.append("}")
         else:
@@ -400,7 +400,8 @@ class SnapshotMetadata:
         if document.get("format") != FORMAT_NAME:
             raise ManifestError(
                 f"the manifest's format is {document.get('format')!r}, not {FORMAT_NAME!r}; "
-                "this is not a snapshotkit snapshot (a torchsnapshot one? restore it with torchsnapshot, then take it again)"
+                "this is not a snapshotkit snapshot (a torchsnapshot one? restore it with torchsnapshot, "
+                "then take it again with snapshotkit)"
             )
         version = document.get("format_version")
         if type(version) is not int or version < 1:

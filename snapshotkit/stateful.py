@@ -63,7 +63,7 @@ class RNGState:
                 "gauss_next": gauss_next,
             },
         }
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             state["torch_cuda"] = list(torch.cuda.get_rng_state_all())
         numpy_state = _numpy_state()
         if numpy_state is not None:
@@ -89,7 +89,9 @@ def _numpy_state() -> dict[str, Any] | None:
         import numpy as np
     except ImportError:  # pragma: no cover - numpy is a dependency today; kept optional here
         return None
-    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)  # type: ignore[misc]
+    state = np.random.get_state(legacy=True)
+    assert isinstance(state, tuple)  # legacy=True: (kind, keys, pos, has_gauss, cached_gaussian)
+    kind, keys, pos, has_gauss, cached_gaussian = state
     return {
         "kind": str(kind),
         "keys": torch.from_numpy(keys.astype(np.int64)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
@@ -130,10 +131,8 @@ class StoragePlugin(abc.ABC):
     async def delete_prefix(self, prefix: str) -> None:
         """Delete every object under ``prefix``; nothing there is not an error."""
         for location in await self.list(prefix):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 await self.delete(location)
-            except FileNotFoundError:
-                pass
 
     async def discard(self, locations: Sequence[str]) -> None:
         """Best-effort removal of objects a failed take wrote; missing ones are skipped."""

@@ -7,6 +7,7 @@ hard-linked into place, which fails if the name exists, so two takes can never b
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import uuid
@@ -171,10 +172,8 @@ class FSStoragePlugin(StoragePlugin):
                 os.rename(temporary, final)
             _fsync_dir(final.parent)
         finally:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
-            except FileNotFoundError:
-                pass
 
     async def write_exclusive(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
         await to_thread(self._write_exclusive_blocking, location, as_buffers(data))
@@ -200,10 +199,8 @@ class FSStoragePlugin(StoragePlugin):
 
     def _remove_empty_dirs(self) -> None:
         for directory in sorted(self._created_dirs, key=lambda p: len(p.parts), reverse=True):
-            try:
+            with contextlib.suppress(OSError):
                 directory.rmdir()
-            except OSError:
-                pass
 
     async def delete_prefix(self, prefix: str) -> None:
         await super().delete_prefix(prefix)

@@ -52,7 +52,9 @@ class MemoryStoragePlugin(StoragePlugin):
         if byte_range is None:
             return payload
         if byte_range.end > len(payload):
-            raise EOFError(f"{location}: range [{byte_range.start}, {byte_range.end}) past the end ({len(payload)} bytes)")
+            raise EOFError(
+                f"{location}: range [{byte_range.start}, {byte_range.end}) is past the end ({len(payload)} bytes)"
+            )
         return memoryview(payload)[byte_range.start : byte_range.end]
 
     async def exists(self, location: str) -> bool:
