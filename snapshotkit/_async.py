@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -18,6 +17,9 @@ T = TypeVar("T")
 
 #: Threads for blocking I/O and GIL-releasing CPU work (checksums, memcpy).
 _EXECUTOR_THREADS = 8
+
+#: How long an interrupted call waits for the cancelled coroutine to clean up.
+_CANCEL_CLEANUP_TIMEOUT_S = 60.0
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -58,14 +60,23 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     loop = get_loop()
     if threading.current_thread().name == "snapshotkit-loop":
         raise RuntimeError("run_sync() called from the snapshotkit loop itself; await the coroutine instead")
-    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    finished = threading.Event()
+
+    async def tracked() -> T:
+        try:
+            return await coro
+        finally:
+            finished.set()  # set only after the coroutine's own clean-up ran
+
+    future = asyncio.run_coroutine_threadsafe(tracked(), loop)
     try:
         return future.result()
     except BaseException:
         if not future.done():
+            # Cancelling the concurrent future cancels the task; it completes at once while the
+            # task may still be cleaning up, so wait for the coroutine itself to finish.
             future.cancel()
-            with contextlib.suppress(BaseException):  # the original exception is what matters
-                future.result(timeout=30)
+            finished.wait(timeout=_CANCEL_CLEANUP_TIMEOUT_S)
         raise
 
 
