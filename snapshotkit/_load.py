@@ -56,7 +56,7 @@ class LeafLoader:
     def __init__(self, *, weights_only: bool) -> None:
         self.weights_only = weights_only
         self.reads: list[PieceRead] = []
-        self._fresh: dict[tuple[Piece, ...], _Slot] = {}
+        self._fresh: dict[tuple[tuple[Piece, ...], str, tuple[int, ...]], _Slot] = {}
         self._in_place: set[tuple[tuple[Piece, ...], int, tuple[int, ...], tuple[int, ...], str]] = set()
 
     def add(self, logical_path: str, entry: Entry, destination: Any = None) -> Callable[[], Any]:
@@ -115,11 +115,12 @@ class LeafLoader:
             self._in_place.add(key)
             result: Any = destination
         else:
-            cached = self._fresh.get(entry.pieces)
+            fresh_key = (entry.pieces, entry.dtype, entry.shape)
+            cached = self._fresh.get(fresh_key)
             if cached is not None and entry.pieces:
                 return lambda: cached.value
             target = torch.empty(entry.shape, dtype=dtype)
-            self._fresh[entry.pieces] = _Slot(target)
+            self._fresh[fresh_key] = _Slot(target)
             result = target
         self._add_raw_reads(logical_path, entry, target, itemsize)
         return lambda: result

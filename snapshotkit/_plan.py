@@ -44,9 +44,13 @@ class DataObjectPlan:
     nbytes: int
 
 
-def data_object_location(rank: int, index: int) -> str:
-    """Location of a rank's ``index``-th data object."""
-    return f"data/{rank}_{index:05d}"
+def data_object_location(rank: int, index: int, take_id: str) -> str:
+    """Location of a rank's ``index``-th data object in the take ``take_id``.
+
+    The take id keeps two takes aimed at the same path (a mistake, but one that happens) from
+    writing over each other's data objects before one of them fails to commit.
+    """
+    return f"data/{rank}_{index:05d}_{take_id}"
 
 
 def _align_up(value: int, alignment: int) -> int:
@@ -66,6 +70,7 @@ def plan_layout(
     payload_itemsizes: Sequence[int],
     *,
     rank: int,
+    take_id: str,
     chunk_bytes: int,
     data_object_bytes: int,
     alignment: int = ALIGNMENT_BYTES,
@@ -79,14 +84,14 @@ def plan_layout(
     objects: list[DataObjectPlan] = []
     per_payload: list[list[PieceSlot]] = [[] for _ in payload_sizes]
     current: list[PieceSlot] = []
-    location = data_object_location(rank, 0)
+    location = data_object_location(rank, 0, take_id)
     offset = 0
 
     def close_object() -> None:
         nonlocal current, location, offset
         if current:
             objects.append(DataObjectPlan(location, tuple(current), offset))
-            location = data_object_location(rank, len(objects))
+            location = data_object_location(rank, len(objects), take_id)
             current = []
             offset = 0
 

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import datetime
 import fnmatch
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -130,7 +131,9 @@ def collect_state(app_state: dict[str, Stateful]) -> dict[str, Any]:
     return states
 
 
-def plan_take(states: Mapping[str, Any], *, rank: int, replicated: Sequence[str], config: Config) -> TakePlan:
+def plan_take(
+    states: Mapping[str, Any], *, rank: int, replicated: Sequence[str], config: Config, take_id: str | None = None
+) -> TakePlan:
     """Flatten collected state into manifest entries and a data-object layout."""
     entries: dict[str, Entry | _PendingTensor | _PendingObject] = {}
     payloads: list[Payload] = []
@@ -148,7 +151,7 @@ def plan_take(states: Mapping[str, Any], *, rank: int, replicated: Sequence[str]
             flag = bool(replicated) and is_replicated(path)
             if isinstance(leaf, torch.Tensor):
                 entries[manifest_key] = _plan_tensor(path, leaf, flag, payloads, by_identity)
-            elif leaf is None or type(leaf) in _PRIMITIVE_TYPES:
+            elif leaf is None or (type(leaf) in _PRIMITIVE_TYPES and _utf8_encodable(leaf)):
                 entries[manifest_key] = PrimitiveEntry.of(leaf, flag)
             else:
                 payloads.append(Payload.of_bytes(_serialize(path, leaf)))
@@ -159,10 +162,22 @@ def plan_take(states: Mapping[str, Any], *, rank: int, replicated: Sequence[str]
         [p.nbytes for p in payloads],
         [p.itemsize for p in payloads],
         rank=rank,
+        take_id=take_id if take_id is not None else secrets.token_hex(4),
         chunk_bytes=config.chunk_bytes,
         data_object_bytes=config.data_object_bytes,
     )
     return TakePlan(entries, payloads, data_objects, slots)
+
+
+def _utf8_encodable(value: Any) -> bool:
+    """Strings with lone surrogates cannot go inline into the UTF-8 manifest; they are pickled."""
+    if type(value) is not str or value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _serialize(path: str, value: Any) -> bytes:

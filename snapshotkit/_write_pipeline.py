@@ -45,7 +45,8 @@ class Payload:
 
     @classmethod
     def of_bytes(cls, data: bytes) -> Payload:
-        return cls(len(data), 1, data=data)
+        # The whole blob is one "element": torch.save bytes are never split into several pieces.
+        return cls(len(data), max(1, len(data)), data=data)
 
 
 def staging_cost_bytes(plan: DataObjectPlan, payloads: Sequence[Payload]) -> int:

@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import posixpath
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -43,6 +44,11 @@ FORMAT_NAME = "snapshotkit"
 FORMAT_VERSION = 1
 #: Checksum algorithms a version-1 reader understands.
 CHECKSUM_ALGORITHMS = ("crc32c",)
+_CHECKSUM_TEXT = re.compile(r"crc32c:[0-9a-f]{8}")
+#: ``float.hex()`` output (and the inf/nan spellings it produces).
+_FLOAT_HEX_TEXT = re.compile(r"-?(0x[0-9a-f](\.[0-9a-f]*)?p[+-][0-9]+|inf|nan)")
+#: A manifest key's rank: ASCII digits without leading zeros.
+_RANK_TEXT = re.compile(r"0|[1-9][0-9]*")
 
 
 def _fail(key: str, message: str) -> ManifestError:
@@ -106,22 +112,18 @@ class Piece:
         location = validate_location(raw.get("location"))
         byte_range = raw.get("byte_range")
         if (
-            not isinstance(byte_range, list)
+            type(byte_range) is not list
             or len(byte_range) != 2
-            or not all(type(v) is int for v in byte_range)
+            or type(byte_range[0]) is not int
+            or type(byte_range[1]) is not int
             or not 0 <= byte_range[0] <= byte_range[1]
         ):
             raise _fail(key, f"byte_range {byte_range!r} is not [start, end) with 0 <= start <= end")
         checksum = raw.get("checksum")
-        if not isinstance(checksum, str) or ":" not in checksum:
-            raise _fail(key, f"checksum {checksum!r} is not '<algorithm>:<hex>'")
-        algorithm, _, digest = checksum.partition(":")
-        if algorithm not in CHECKSUM_ALGORITHMS:
-            raise _fail(key, f"checksum algorithm {algorithm!r} is not one of {CHECKSUM_ALGORITHMS}")
-        try:
-            int(digest, 16)
-        except ValueError:
-            raise _fail(key, f"checksum digest {digest!r} is not hexadecimal") from None
+        if type(checksum) is not str or _CHECKSUM_TEXT.fullmatch(checksum) is None:
+            raise _fail(
+                key, f"checksum {checksum!r} is not '<algorithm>:<hex>' with algorithm in {CHECKSUM_ALGORITHMS}"
+            )
         return cls(location, (byte_range[0], byte_range[1]), checksum)
 
 
@@ -140,11 +142,11 @@ class TensorEntry:
     pieces: tuple[Piece, ...]
     replicated: bool = False
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return sum(piece.nbytes for piece in self.pieces)
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         return math.prod(self.shape)
 
@@ -236,11 +238,8 @@ class PrimitiveEntry:
         value: Any
         if value_type == "int" and type(encoded) is int:
             value = encoded
-        elif value_type == "float" and isinstance(encoded, str):
-            try:
-                value = float.fromhex(encoded)
-            except ValueError:
-                raise _fail(key, f"float value {encoded!r} is not float.hex() text") from None
+        elif value_type == "float" and isinstance(encoded, str) and _FLOAT_HEX_TEXT.fullmatch(encoded):
+            value = float.fromhex(encoded)
         elif (value_type == "str" and isinstance(encoded, str)) or (value_type == "bool" and isinstance(encoded, bool)):
             value = encoded
         elif value_type == "bytes" and isinstance(encoded, str):
@@ -248,7 +247,7 @@ class PrimitiveEntry:
                 value = base64.b64decode(encoded, validate=True)
             except ValueError:
                 raise _fail(key, "bytes value is not base64") from None
-        elif value_type == "none" and encoded is None:
+        elif value_type == "none" and "value" in raw and encoded is None:
             value = None
         else:
             raise _fail(key, f"primitive type {value_type!r} with value {encoded!r} is not one of {_PRIMITIVE_TYPES}")
@@ -425,8 +424,11 @@ class SnapshotMetadata:
         raw_manifest = _field("<header>", document, "manifest", dict)
         manifest: dict[str, Entry] = {}
         for key, raw in raw_manifest.items():
-            if not isinstance(key, str) or "/" not in key or not key.split("/", 1)[0].isdigit():
-                raise ManifestError(f"manifest key {key!r} is not '<rank>/<logical path>'")
+            rank, slash, _ = key.partition("/")
+            if not slash or _RANK_TEXT.fullmatch(rank) is None or int(rank) >= head["world_size"]:
+                raise ManifestError(
+                    f"manifest key {key!r} is not '<rank>/<logical path>' with rank < world_size {head['world_size']}"
+                )
             manifest[key] = decode_entry(key, raw)
         return cls(format_version=version, manifest=manifest, **head)
 

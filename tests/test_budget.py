@@ -57,7 +57,9 @@ def test_zero_copy_payloads_cost_nothing_to_stage() -> None:
     contiguous = torch.ones(1000)
     strided = torch.ones(100, 10).t()
     payloads = [Payload.of_tensor(contiguous), Payload.of_tensor(strided), Payload.of_bytes(b"x" * 10)]
-    objects, _ = plan_layout([p.nbytes for p in payloads], [4, 4, 1], rank=0, chunk_bytes=1 << 20, data_object_bytes=1 << 20)
+    objects, _ = plan_layout(
+        [p.nbytes for p in payloads], [4, 4, 1], rank=0, take_id="t", chunk_bytes=1 << 20, data_object_bytes=1 << 20
+    )
     (plan,) = objects
     assert staging_cost_bytes(plan, payloads) == strided.numel() * 4
 

@@ -25,7 +25,9 @@ def test_split_payload_respects_chunk_and_element_boundaries() -> None:
 
 def test_layout_packs_small_payloads_and_chunks_large_ones() -> None:
     sizes = [100, 3, 50, 1000, 0, 7]
-    objects, slots = plan_layout(sizes, [1] * len(sizes), rank=2, chunk_bytes=400, data_object_bytes=512)
+    objects, slots = plan_layout(
+        sizes, [1] * len(sizes), rank=2, take_id="cafe0123", chunk_bytes=400, data_object_bytes=512
+    )
     # every payload byte lands exactly once, in order
     for index, size in enumerate(sizes):
         covered = [(s.start, s.end) for s in slots[index]]
@@ -41,14 +43,15 @@ def test_layout_packs_small_payloads_and_chunks_large_ones() -> None:
         assert plan.nbytes == previous_end
         # a data object exceeds the target only when it holds a single piece
         assert plan.nbytes <= 512 or len(plan.slots) == 1
-    assert [p.location for p in objects] == [data_object_location(2, i) for i in range(len(objects))]
+    assert [p.location for p in objects] == [data_object_location(2, i, "cafe0123") for i in range(len(objects))]
+    assert objects[0].location == "data/2_00000_cafe0123"
 
 
 def test_layout_is_deterministic() -> None:
     rng = random.Random(0)
     sizes = [rng.randrange(0, 10_000) for _ in range(500)]
-    first = plan_layout(sizes, [4] * 500, rank=0, chunk_bytes=4096, data_object_bytes=65536)
-    second = plan_layout(sizes, [4] * 500, rank=0, chunk_bytes=4096, data_object_bytes=65536)
+    first = plan_layout(sizes, [4] * 500, rank=0, take_id="t", chunk_bytes=4096, data_object_bytes=65536)
+    second = plan_layout(sizes, [4] * 500, rank=0, take_id="t", chunk_bytes=4096, data_object_bytes=65536)
     assert first == second
 
 

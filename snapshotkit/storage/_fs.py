@@ -156,8 +156,10 @@ class FSStoragePlugin(StoragePlugin):
         temporary = final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}")
         self._write_blocking(temporary, buffers)
         try:
-            # Directory entries of every object written so far must be durable before the marker.
-            for directory in sorted(self._known_dirs | {final.parent}, key=lambda p: len(p.parts), reverse=True):
+            # Directory entries of every object written so far (and of every directory this plugin
+            # created, in its parent) must be durable before the marker.
+            directories = self._known_dirs | {final.parent} | {d.parent for d in self._created_dirs}
+            for directory in sorted(directories, key=lambda p: len(p.parts), reverse=True):
                 _fsync_dir(directory)
             try:
                 os.link(temporary, final)

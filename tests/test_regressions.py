@@ -1,0 +1,61 @@
+"""Regression tests for bugs found in review; each names what went wrong before the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from snapshotkit import Snapshot, StateDict
+from snapshotkit._async import run_sync
+from snapshotkit._config import Config
+from snapshotkit._take import collect_state, execute_take, plan_take
+from snapshotkit.errors import SnapshotExistsError
+from snapshotkit.manifest import ObjectEntry, TensorEntry
+from snapshotkit.storage import FSStoragePlugin
+
+
+def test_torch_save_payloads_larger_than_a_chunk_stay_one_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: a quantized tensor or object above SNAPSHOTKIT_CHUNK_BYTES was split into several
+    # pieces, which the manifest decoder (rightly) refuses for torch_save data.
+    monkeypatch.setenv("SNAPSHOTKIT_CHUNK_BYTES", "4096")
+    quantized = torch.quantize_per_tensor(torch.linspace(-1, 1, 20_000), 0.01, 0, torch.qint8)
+    blob = set(range(5_000))
+    Snapshot.take(str(tmp_path / "s"), {"sd": StateDict(q=quantized, blob=blob)})
+    snapshot = Snapshot(str(tmp_path / "s"))
+    manifest = snapshot.get_manifest()
+    entry = manifest["0/sd/q"]
+    assert isinstance(entry, TensorEntry) and len(entry.pieces) == 1 and entry.pieces[0].nbytes > 4096
+    assert isinstance(manifest["0/sd/blob"], ObjectEntry)
+    assert torch.equal(snapshot.read_object("sd/q").int_repr(), quantized.int_repr())
+    assert snapshot.read_object("sd/blob") == blob
+
+
+def test_a_losing_concurrent_take_does_not_damage_the_committed_snapshot(tmp_path: Path) -> None:
+    # Before: data object names were the same for every take to a path, so a second take that
+    # passed the existence check before the first committed overwrote (and then deleted) the
+    # first snapshot's data objects.
+    path = str(tmp_path / "s")
+    winner = {"sd": StateDict(t=torch.arange(1000.0))}
+    loser = {"sd": StateDict(t=torch.zeros(1000))}
+    config = Config.resolve()
+    plan = plan_take(collect_state(loser), rank=0, replicated=[], config=config)
+    Snapshot.take(path, winner)
+
+    async def late_take() -> None:
+        await execute_take(FSStoragePlugin(path), plan, path=path, world_size=1, config=config)
+
+    with pytest.raises(SnapshotExistsError):
+        run_sync(late_take())
+    assert torch.equal(Snapshot(path).read_object("sd/t"), torch.arange(1000.0))
+
+
+def test_strings_that_are_not_valid_utf8_round_trip(tmp_path: Path) -> None:
+    # Before: a lone surrogate went inline into the UTF-8 manifest and the commit crashed with
+    # a raw UnicodeEncodeError.
+    odd = "bad \udcff surrogate"
+    Snapshot.take(str(tmp_path / "s"), {"sd": StateDict(s=odd, ok="ünï")})
+    fresh = StateDict()
+    Snapshot(str(tmp_path / "s")).restore({"sd": fresh})
+    assert fresh["s"] == odd and fresh["ok"] == "ünï"
