@@ -56,8 +56,10 @@ class LeafLoader:
     def __init__(self, *, weights_only: bool) -> None:
         self.weights_only = weights_only
         self.reads: list[PieceRead] = []
-        self._fresh: dict[tuple[tuple[Piece, ...], str, tuple[int, ...]], _Slot] = {}
-        self._in_place: set[tuple[tuple[Piece, ...], int, tuple[int, ...], tuple[int, ...], str]] = set()
+        # Keys start with where the entry's first piece lives: entries that share it share all
+        # their pieces (tied weights), since a take never overlaps the pieces of two payloads.
+        self._fresh: dict[tuple[Any, ...], _Slot] = {}
+        self._in_place: set[tuple[Any, ...]] = set()
 
     def add(self, logical_path: str, entry: Entry, destination: Any = None) -> Callable[[], Any]:
         """Plan loading ``entry``; ``destination`` is used in place when it matches.
@@ -101,21 +103,22 @@ class LeafLoader:
             return lambda: slot.value
 
         dtype = dtype_from_name(entry.dtype)
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         if entry.nbytes != entry.numel * itemsize:
             raise ManifestError(
                 f"{logical_path!r}: pieces hold {entry.nbytes} bytes but dtype {entry.dtype} shape "
                 f"{list(entry.shape)} needs {entry.numel * itemsize}"
             )
+        first = (entry.pieces[0].location, entry.pieces[0].byte_range) if entry.pieces else None
         if in_place:
             target: torch.Tensor = destination.detach()
-            key = (entry.pieces, target.data_ptr(), tuple(target.shape), tuple(target.stride()), str(target.device))
+            key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
             if key in self._in_place:
                 return lambda: destination
             self._in_place.add(key)
             result: Any = destination
         else:
-            fresh_key = (entry.pieces, entry.dtype, entry.shape)
+            fresh_key = (first, entry.dtype, entry.shape)
             cached = self._fresh.get(fresh_key)
             if cached is not None and entry.pieces:
                 return lambda: cached.value

@@ -11,6 +11,7 @@ from ._budget import MemoryBudget
 from ._config import Config
 from ._dist import resolve_group
 from ._flatten import inflate
+from ._gc import gc_paused
 from ._load import LeafLoader, describe_mismatch, tensor_matches
 from ._read_pipeline import read_pieces
 from ._restore import close_matches, plan_restore, rank_view, subtree
@@ -107,7 +108,9 @@ class Snapshot:
                 await plugin.close()
 
         run_sync(refuse_existing())
-        plan = plan_take(collect_state(states_of), rank=group.rank, replicated=list(replicated or ()), config=config)
+        states = collect_state(states_of)
+        with gc_paused():
+            plan = plan_take(states, rank=group.rank, replicated=list(replicated or ()), config=config)
 
         async def write() -> SnapshotMetadata:
             plugin = snapshot._plugin()
@@ -116,7 +119,8 @@ class Snapshot:
             finally:
                 await plugin.close()
 
-        snapshot._metadata = run_sync(write())
+        with gc_paused():
+            snapshot._metadata = run_sync(write())
         return snapshot
 
     def _plugin(self) -> StoragePlugin:
@@ -132,7 +136,8 @@ class Snapshot:
             ManifestError: the manifest is malformed or from a newer format version.
         """
         if self._metadata is None:
-            self._metadata = run_sync(self._load_metadata())
+            with gc_paused():
+                self._metadata = run_sync(self._load_metadata())
         return self._metadata
 
     async def _load_metadata(self) -> SnapshotMetadata:
@@ -199,10 +204,11 @@ class Snapshot:
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
         states_of = validate_app_state(app_state)
         loader = LeafLoader(weights_only=weights_only)
-        steps = plan_restore(
-            rank_view(self.metadata, group.rank), states_of, strict=strict, loader=loader, snapshot_path=self.path
-        )
-        run_sync(self._fetch(loader, config))
+        with gc_paused():
+            steps = plan_restore(
+                rank_view(self.metadata, group.rank), states_of, strict=strict, loader=loader, snapshot_path=self.path
+            )
+            run_sync(self._fetch(loader, config))
         for step in steps:
             step()
 
@@ -255,11 +261,12 @@ class Snapshot:
             if isinstance(obj_out, torch.Tensor) and not tensor_matches(entry, obj_out):
                 raise describe_mismatch(logical, entry, obj_out)
         containers, leaves = subtree(view, logical)
-        if containers:
-            thunks = {p: loader.add(p, e) for p, e in leaves.items()}
-        else:
-            thunks = {logical: loader.add(logical, entry, obj_out)}
-        run_sync(self._fetch(loader, config))
+        with gc_paused():
+            if containers:
+                thunks = {p: loader.add(p, e) for p, e in leaves.items()}
+            else:
+                thunks = {logical: loader.add(logical, entry, obj_out)}
+            run_sync(self._fetch(loader, config))
         result: T = inflate(logical, containers, {p: thunk() for p, thunk in thunks.items()})
         return result
 
