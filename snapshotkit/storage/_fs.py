@@ -29,33 +29,41 @@ except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
 _MAX_SYSCALL_BYTES = 1 << 30
 
 
+def _next_batch(pending: list[memoryview]) -> list[memoryview]:
+    """The buffers one vectored syscall takes: at most IOV_MAX of them and about 1 GiB."""
+    batch: list[memoryview] = []
+    batch_bytes = 0
+    for buffer in pending[:_IOV_MAX]:
+        if batch and batch_bytes + buffer.nbytes > _MAX_SYSCALL_BYTES:
+            break
+        batch.append(buffer)
+        batch_bytes += buffer.nbytes
+    return batch
+
+
+def _advance(pending: list[memoryview], done: int) -> list[memoryview]:
+    """Drop ``done`` bytes from the front of ``pending``; a partial syscall leaves one buffer's tail."""
+    consumed = 0
+    while consumed < len(pending) and done >= pending[consumed].nbytes:
+        done -= pending[consumed].nbytes
+        consumed += 1
+    rest = pending[consumed:]
+    if done:
+        rest[0] = rest[0][done:]
+    return rest
+
+
 def _writev_all(fd: int, buffers: list[memoryview]) -> None:
     pending = [b for b in buffers if b.nbytes]
     while pending:
-        batch: list[memoryview] = []
-        batch_bytes = 0
-        for buffer in pending[:_IOV_MAX]:
-            if batch and batch_bytes + buffer.nbytes > _MAX_SYSCALL_BYTES:
-                break
-            batch.append(buffer)
-            batch_bytes += buffer.nbytes
-        written = os.writev(fd, batch)
-        # Drop what was written; a partial write leaves the tail of one buffer.
-        consumed = 0
-        while consumed < len(pending) and written >= pending[consumed].nbytes:
-            written -= pending[consumed].nbytes
-            consumed += 1
-        pending = pending[consumed:]
-        if written:
-            pending[0] = pending[0][written:]
+        pending = _advance(pending, os.writev(fd, _next_batch(pending)))
 
 
 def _preadv_all(fd: int, start: int, buffers: Sequence[memoryview], location: str) -> None:
     pending = [b.cast("B") if b.format != "B" else b for b in buffers if b.nbytes]
     offset = start
     while pending:
-        batch = pending[:_IOV_MAX]
-        got = os.preadv(fd, batch, offset)
+        got = os.preadv(fd, _next_batch(pending), offset)
         if got == 0:
             remaining = sum(b.nbytes for b in pending)
             raise EOFError(
@@ -63,13 +71,7 @@ def _preadv_all(fd: int, start: int, buffers: Sequence[memoryview], location: st
                 f"(read started at {start}); the data object is truncated"
             )
         offset += got
-        consumed = 0
-        while consumed < len(pending) and got >= pending[consumed].nbytes:
-            got -= pending[consumed].nbytes
-            consumed += 1
-        pending = pending[consumed:]
-        if got:
-            pending[0] = pending[0][got:]
+        pending = _advance(pending, got)
 
 
 def _fsync_dir(path: Path) -> None:
