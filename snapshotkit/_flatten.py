@@ -12,22 +12,9 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from .manifest import ContainerEntry, DictEntry, ListEntry, TupleEntry
+from .manifest import ContainerEntry, DictEntry, ListEntry, TupleEntry, escape_key, join_path, unescape_key
 
-
-def escape_key(key: str | int) -> str:
-    """One path component for a user key."""
-    return str(key).replace("%", "%25").replace("/", "%2F")
-
-
-def unescape_key(component: str) -> str:
-    """Inverse of :func:`escape_key` for string keys."""
-    return component.replace("%2F", "/").replace("%25", "%")
-
-
-def join_path(prefix: str, key: str | int) -> str:
-    component = escape_key(key)
-    return f"{prefix}/{component}" if prefix else component
+__all__ = ["escape_key", "flatten", "inflate", "join_path", "unescape_key"]
 
 
 def _is_flattenable_dict(obj: Mapping[Any, Any]) -> bool:

@@ -51,6 +51,25 @@ _FLOAT_HEX_TEXT = re.compile(r"-?(0x[0-9a-f](\.[0-9a-f]*)?p[+-][0-9]+|inf|nan)")
 _RANK_TEXT = re.compile(r"0|[1-9][0-9]*")
 
 
+def escape_key(key: str | int) -> str:
+    """One logical-path component for a user key: ``%`` -> ``%25``, ``/`` -> ``%2F``."""
+    text = str(key)
+    if "%" in text or "/" in text:
+        return text.replace("%", "%25").replace("/", "%2F")
+    return text
+
+
+def unescape_key(component: str) -> str:
+    """Inverse of :func:`escape_key` for string keys."""
+    return component.replace("%2F", "/").replace("%25", "%")
+
+
+def join_path(prefix: str, key: str | int) -> str:
+    """The logical path of child ``key`` of the node at ``prefix`` (``""`` for the root)."""
+    component = escape_key(key)
+    return f"{prefix}/{component}" if prefix else component
+
+
 def _fail(key: str, message: str) -> ManifestError:
     return ManifestError(f"malformed manifest entry {key!r}: {message}")
 
@@ -391,7 +410,11 @@ class SnapshotMetadata:
     def from_text(cls, text: str | bytes) -> SnapshotMetadata:
         """Parse a manifest document: JSON, or any YAML a human may have rewritten it as."""
         try:
-            document = json.loads(text)
+            document = json.loads(text, object_pairs_hook=_unique_members)
+        except _DuplicateMemberError as exc:
+            raise ManifestError(
+                f"the manifest names {exc.args[0]!r} more than once; it is corrupt or was edited by hand"
+            ) from None
         except ValueError:
             document = _load_yaml(text)
         if not isinstance(document, dict):
@@ -430,7 +453,42 @@ class SnapshotMetadata:
                     f"manifest key {key!r} is not '<rank>/<logical path>' with rank < world_size {head['world_size']}"
                 )
             manifest[key] = decode_entry(key, raw)
+        _check_containers(manifest)
         return cls(format_version=version, manifest=manifest, **head)
+
+
+class _DuplicateMemberError(Exception):
+    pass
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    members = dict(pairs)
+    if len(members) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise _DuplicateMemberError(name)
+            seen.add(name)
+    return members
+
+
+def _check_containers(manifest: Mapping[str, Entry]) -> None:
+    """Every child a container names must have an entry of its own."""
+    for key, entry in manifest.items():
+        if isinstance(entry, DictEntry):
+            children = [join_path(key, k) for k in entry.keys]
+        elif isinstance(entry, ListEntry):
+            children = [join_path(key, i) for i in range(entry.length)]
+        else:
+            continue
+        if len(set(children)) != len(children):
+            raise ManifestError(f"malformed manifest entry {key!r}: two keys name the same child")
+        for child in children:
+            if child not in manifest:
+                raise ManifestError(
+                    f"malformed manifest entry {key!r}: it names child {child!r}, which has no entry; "
+                    "the manifest is corrupt"
+                )
 
 
 def _load_yaml(text: str | bytes) -> Any:
