@@ -2,13 +2,15 @@
 
 Contents:
 
+* raw sequential I/O (``writev`` + ``fsync`` / ``readv`` into pre-allocated
+  tensors), the ceiling the savers are compared against;
 * deterministic benchmark states (``large`` / ``small``) described by
   :class:`TensorSpec` lists, materialised either with seeded random data or as
   zero-filled destinations, plus a bit-exact verifier;
 * process measurement helpers (current RSS, peak-RSS reset, ``/proc/self/io``
   counters, page-cache dropping);
 * machine facts for the JSON report;
-* small formatting helpers for the human-readable table.
+* size parsing (``64MiB``) and formatting helpers for the human-readable table.
 
 Only the standard library is imported at module level; ``torch`` / ``numpy``
 are imported lazily so the benchmark driver stays light.
@@ -16,15 +18,17 @@ are imported lazily so the benchmark driver stays light.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import resource
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -104,13 +108,13 @@ def state_bytes(specs: Sequence[TensorSpec]) -> int:
     return sum(s.nbytes for s in specs)
 
 
-def _torch_dtype(name: str) -> "torch.dtype":
+def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
-def fill_tensor(t: "torch.Tensor", spec: TensorSpec) -> None:
+def fill_tensor(t: torch.Tensor, spec: TensorSpec) -> None:
     """Fill ``t`` in place with the spec's deterministic data (values in [0, 1))."""
     import numpy as np
     import torch
@@ -125,7 +129,7 @@ def fill_tensor(t: "torch.Tensor", spec: TensorSpec) -> None:
             part.copy_(torch.from_numpy(rng.random(part.numel(), dtype=np.float32)))
 
 
-def materialize(specs: Sequence[TensorSpec]) -> dict[str, "torch.Tensor"]:
+def materialize(specs: Sequence[TensorSpec]) -> dict[str, torch.Tensor]:
     """Build the source state (seeded random data)."""
     import torch
 
@@ -137,7 +141,7 @@ def materialize(specs: Sequence[TensorSpec]) -> dict[str, "torch.Tensor"]:
     return out
 
 
-def destination(specs: Sequence[TensorSpec]) -> dict[str, "torch.Tensor"]:
+def destination(specs: Sequence[TensorSpec]) -> dict[str, torch.Tensor]:
     """Pre-allocated, zero-filled (so already resident) restore targets."""
     import torch
 
@@ -167,6 +171,71 @@ def verify(state: Any, specs: Sequence[TensorSpec], limit: int = 5) -> list[str]
 
 
 # --------------------------------------------------------------------------- #
+# Raw sequential I/O (the hardware ceiling the savers are compared with)
+# --------------------------------------------------------------------------- #
+RAW_CHUNK = 64 * MiB
+IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
+
+
+def _byte_views(tensors: Any) -> list[memoryview]:
+    """Zero-copy byte views of the tensors, split into <= RAW_CHUNK pieces."""
+    import torch
+
+    views: list[memoryview] = []
+    for t in tensors:
+        mv = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        views.extend(mv[off : off + RAW_CHUNK] for off in range(0, len(mv), RAW_CHUNK))
+    return views
+
+
+def _batches(views: list[memoryview]) -> Iterator[list[memoryview]]:
+    batch: list[memoryview] = []
+    size = 0
+    for v in views:
+        if batch and (size + len(v) > RAW_CHUNK or len(batch) >= IOV_MAX):
+            yield batch
+            batch, size = [], 0
+        batch.append(v)
+        size += len(v)
+    if batch:
+        yield batch
+
+
+def _transfer_all(fn: Callable[[int, list[memoryview]], int], fd: int, batch: list[memoryview]) -> None:
+    """Call os.writev/os.readv until every buffer is fully transferred."""
+    i = 0
+    batch = list(batch)
+    while i < len(batch):
+        n = fn(fd, batch[i:])
+        if n <= 0:
+            raise OSError(f"{fn.__name__} transferred {n} bytes (unexpected EOF?)")
+        while i < len(batch) and n >= len(batch[i]):
+            n -= len(batch[i])
+            i += 1
+        if n:
+            batch[i] = batch[i][n:]
+
+
+def raw_save(path: str, state: dict[str, Any]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for batch in _batches(_byte_views(state.values())):
+            _transfer_all(os.writev, fd, batch)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def raw_load(path: str, dst: dict[str, Any]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for batch in _batches(_byte_views(dst.values())):
+            _transfer_all(os.readv, fd, batch)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- #
 # Process measurement
 # --------------------------------------------------------------------------- #
 def current_rss_bytes() -> int:
@@ -185,9 +254,23 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def peak_rss_bytes() -> int:
-    """``ru_maxrss`` of this process in bytes (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def peak_rss_bytes() -> tuple[int, int]:
+    """(peak RSS of this process's memory map, ``ru_maxrss``), both in bytes.
+
+    The first is ``VmHWM`` from /proc/self/status: the same high-water mark
+    that ``ru_maxrss`` reports, but without the value Linux carries over
+    from the pre-``exec`` image (for a subprocess that is the *parent's*
+    RSS, which would otherwise swamp small measurements).  Falls back to
+    ``ru_maxrss`` (KiB on Linux) when /proc is unavailable."""
+    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024, ru
+    except OSError:
+        pass
+    return ru, ru
 
 
 def proc_io() -> dict[str, int]:
@@ -284,27 +367,31 @@ def machine_facts(scratch_dir: str) -> dict[str, Any]:
     df = _run(["df", "-T", "-P", scratch_dir]).splitlines()
     if len(df) >= 2:
         cols = df[1].split()
-        facts["scratch_fs"] = {"device": cols[0], "type": cols[1], "mount": cols[-1],
-                               "available_bytes": int(cols[4]) * 1024}
+        facts["scratch_fs"] = {
+            "device": cols[0],
+            "type": cols[1],
+            "mount": cols[-1],
+            "available_bytes": int(cols[4]) * 1024,
+        }
     versions: dict[str, str | None] = {}
     for mod in ("torch", "numpy", "safetensors", "torchsnapshot", "psutil", "snapshotkit"):
         try:
             m = __import__(mod)
             versions[mod] = str(getattr(m, "__version__", "unknown"))
-        except Exception as exc:  # noqa: BLE001 - facts are best effort
+        except Exception as exc:
             versions[mod] = f"unavailable ({type(exc).__name__})"
     facts["versions"] = versions
     try:
         import psutil
 
         facts["physical_cores"] = psutil.cpu_count(logical=False)
-    except Exception:  # noqa: BLE001
+    except Exception:
         facts["physical_cores"] = None
     try:
         import torch
 
         facts["torch_num_threads"] = torch.get_num_threads()
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     repo = Path(__file__).resolve().parents[1]
     facts["git_commit"] = _run(["git", "-C", str(repo), "rev-parse", "HEAD"]).strip() or None
@@ -338,3 +425,13 @@ def fmt_bytes(n: float | None) -> str:
 
 def fmt_num(x: float | None, spec: str = ".3f", suffix: str = "") -> str:
     return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "k": KiB, "kib": KiB, "m": MiB, "mib": MiB, "g": GiB, "gib": GiB}
+    t = text.strip().lower().replace("_", "")
+    num = t.rstrip("kmgib")
+    try:
+        return int(float(num) * units[t[len(num) :]])
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (use e.g. 4096, 64MiB, 2GiB)") from None

@@ -27,8 +27,10 @@ or destination, imports what it needs, calls ``os.sync()`` (and, before reads,
 drops the page cache when /proc/sys/vm/drop_caches is writable, else records
 ``"cache": "warm"``), resets its peak-RSS mark and then times only the
 operation.  Reported per operation: median wall time over ``--repeats``,
-bandwidth (state bytes / time), ``peak_rss_over_baseline_bytes`` (``ru_maxrss``
-after the operation minus RSS just before it) and /proc/self/io deltas.
+bandwidth (state bytes / time), ``peak_rss_over_baseline_bytes`` (peak RSS
+after the operation -- ``VmHWM``, i.e. ``ru_maxrss`` minus what Linux carries
+over ``exec`` from the parent -- minus RSS just before it; ``ru_maxrss`` itself
+is kept in the per-run records) and /proc/self/io deltas.
 After timing, restored data is verified bit-exactly (``--no-verify`` skips).
 
 Usage::
@@ -49,6 +51,7 @@ import gc
 import importlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -56,8 +59,9 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 _REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -69,20 +73,30 @@ import _common as C  # noqa: E402
 SYSTEMS = ("raw", "torch", "dcp", "safetensors", "torchsnapshot", "snapshotkit")
 STATES = ("large", "small")
 COMPARED = ("torch", "dcp", "torchsnapshot", "safetensors")
-TARGET = {"raw": "data.bin", "torch": "state.pt", "dcp": "dcp", "safetensors": "state.safetensors",
-          "torchsnapshot": "snap", "snapshotkit": "snap"}
+TARGET = {
+    "raw": "data.bin",
+    "torch": "state.pt",
+    "dcp": "dcp",
+    "safetensors": "state.safetensors",
+    "torchsnapshot": "snap",
+    "snapshotkit": "snap",
+}
 LABELS = {
-    ("raw", "save"): "write+fsync", ("raw", "load"): "readv",
-    ("torch", "save"): "torch.save+fsync", ("torch", "load"): "torch.load",
-    ("dcp", "save"): "dcp.save", ("dcp", "load"): "dcp.load",
-    ("safetensors", "save"): "save_file+fsync", ("safetensors", "load"): "load_file+copy",
-    ("torchsnapshot", "save"): "take+fsync", ("torchsnapshot", "load"): "restore",
-    ("snapshotkit", "save"): "take", ("snapshotkit", "load"): "restore",
+    ("raw", "save"): "write+fsync",
+    ("raw", "load"): "readv",
+    ("torch", "save"): "torch.save+fsync",
+    ("torch", "load"): "torch.load",
+    ("dcp", "save"): "dcp.save",
+    ("dcp", "load"): "dcp.load",
+    ("safetensors", "save"): "save_file+fsync",
+    ("safetensors", "load"): "load_file+copy",
+    ("torchsnapshot", "save"): "take+fsync",
+    ("torchsnapshot", "load"): "restore",
+    ("snapshotkit", "save"): "take",
+    ("snapshotkit", "load"): "restore",
     ("snapshotkit", "load_no_checksum"): "restore (no checksums)",
     ("snapshotkit", "read_object"): "read_object 4 MiB",
 }
-RAW_CHUNK = 64 * C.MiB
-IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
 def ops_for(system: str, state: str) -> list[str]:
@@ -103,64 +117,6 @@ def specs_for(state: str, cfg: dict[str, Any]) -> list[C.TensorSpec]:
 # --------------------------------------------------------------------------- #
 # Child side: one operation in a fresh process
 # --------------------------------------------------------------------------- #
-def _byte_views(tensors: Any) -> list[memoryview]:
-    """Zero-copy byte views of the tensors, split into <= RAW_CHUNK pieces."""
-    import torch
-
-    views: list[memoryview] = []
-    for t in tensors:
-        mv = memoryview(t.reshape(-1).view(torch.uint8).numpy())
-        views.extend(mv[off : off + RAW_CHUNK] for off in range(0, len(mv), RAW_CHUNK))
-    return views
-
-
-def _batches(views: list[memoryview]) -> Any:
-    batch: list[memoryview] = []
-    size = 0
-    for v in views:
-        if batch and (size + len(v) > RAW_CHUNK or len(batch) >= IOV_MAX):
-            yield batch
-            batch, size = [], 0
-        batch.append(v)
-        size += len(v)
-    if batch:
-        yield batch
-
-
-def _transfer_all(fn: Callable[[int, list[memoryview]], int], fd: int, batch: list[memoryview]) -> None:
-    """Call os.writev/os.readv until every buffer is fully transferred."""
-    i = 0
-    batch = list(batch)
-    while i < len(batch):
-        n = fn(fd, batch[i:])
-        if n <= 0:
-            raise OSError(f"{fn.__name__} transferred {n} bytes (unexpected EOF?)")
-        while i < len(batch) and n >= len(batch[i]):
-            n -= len(batch[i])
-            i += 1
-        if n:
-            batch[i] = batch[i][n:]
-
-
-def raw_save(path: str, state: dict[str, Any]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for batch in _batches(_byte_views(state.values())):
-            _transfer_all(os.writev, fd, batch)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def raw_load(path: str, dst: dict[str, Any]) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for batch in _batches(_byte_views(dst.values())):
-            _transfer_all(os.readv, fd, batch)
-    finally:
-        os.close(fd)
-
-
 def _prepare_op(spec: dict[str, Any]) -> tuple[Callable[[], Any], dict[str, Any]]:
     """Import the system, build state/destination and return (timed callable,
     context).  The callable returns the mapping to verify (or None)."""
@@ -171,13 +127,15 @@ def _prepare_op(spec: dict[str, Any]) -> tuple[Callable[[], Any], dict[str, Any]
     specs = specs_for(spec["state"], spec["cfg"])
     ctx: dict[str, Any] = {"specs": specs}
     if system == "dcp":
-        import torch.distributed.checkpoint as dcp
+        dcp = importlib.import_module("torch.distributed.checkpoint")
     elif system == "safetensors":
         from safetensors.torch import load_file, save_file
     elif system == "torchsnapshot":
-        from torchsnapshot import Snapshot as TSnapshot, StateDict as TStateDict
+        from torchsnapshot import Snapshot as TSnapshot
+        from torchsnapshot import StateDict as TStateDict
     elif system == "snapshotkit":
-        from snapshotkit import Snapshot as KSnapshot, StateDict as KStateDict
+        from snapshotkit import Snapshot as KSnapshot
+        from snapshotkit import StateDict as KStateDict
 
     if op == "save":
         src = C.materialize(specs)
@@ -185,7 +143,7 @@ def _prepare_op(spec: dict[str, Any]) -> tuple[Callable[[], Any], dict[str, Any]
 
         def save() -> None:
             if system == "raw":
-                raw_save(target, src)
+                C.raw_save(target, src)
             elif system == "torch":
                 with open(target, "wb") as f:
                     torch.save(src, f)
@@ -201,12 +159,14 @@ def _prepare_op(spec: dict[str, Any]) -> tuple[Callable[[], Any], dict[str, Any]
                 C.fsync_tree(target)
             else:
                 KSnapshot.take(target, {"sd": KStateDict(**src)}, memory_budget_bytes=budget)
+
         return save, ctx
 
     if op == "read_object":
         ctx["specs"] = [s for s in specs if s.name == C.PROBE_KEY]
-        return (lambda: {C.PROBE_KEY: KSnapshot(target).read_object(
-            f"sd/{C.PROBE_KEY}", memory_budget_bytes=budget)}), ctx
+        return (
+            lambda: {C.PROBE_KEY: KSnapshot(target).read_object(f"sd/{C.PROBE_KEY}", memory_budget_bytes=budget)}
+        ), ctx
     if system == "torch":
         return (lambda: torch.load(target, weights_only=True)), ctx
 
@@ -215,7 +175,7 @@ def _prepare_op(spec: dict[str, Any]) -> tuple[Callable[[], Any], dict[str, Any]
 
     def load() -> Any:
         if system == "raw":
-            raw_load(target, dst)
+            C.raw_load(target, dst)
             return dst
         if system == "dcp":
             dcp.load(dst, checkpoint_id=target)
@@ -225,15 +185,16 @@ def _prepare_op(spec: dict[str, Any]) -> tuple[Callable[[], Any], dict[str, Any]
                 dst[k].copy_(v)
             return dst
         if system == "torchsnapshot":
-            sd = TStateDict(**dst)
-            TSnapshot(target).restore({"sd": sd})
-            return sd
-        sd = KStateDict(**dst)
+            tsd = TStateDict(**dst)
+            TSnapshot(target).restore({"sd": tsd})
+            return tsd
+        ksd = KStateDict(**dst)
         if op == "load_no_checksum":
-            KSnapshot(target).restore({"sd": sd}, memory_budget_bytes=budget, verify_checksums=False)
+            KSnapshot(target).restore({"sd": ksd}, memory_budget_bytes=budget, verify_checksums=False)
         else:
-            KSnapshot(target).restore({"sd": sd}, memory_budget_bytes=budget)
-        return sd
+            KSnapshot(target).restore({"sd": ksd}, memory_budget_bytes=budget)
+        return ksd
+
     return load, ctx
 
 
@@ -247,7 +208,7 @@ def run_op(spec: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {"system": spec["system"], "op": spec["op"], "ok": False}
     try:
         fn, ctx = _prepare_op(spec)
-    except Exception as exc:  # noqa: BLE001 - reported, not raised
+    except Exception as exc:
         return {**res, "error": f"setup: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
     is_read = spec["op"] != "save"
     gc.collect()
@@ -262,16 +223,20 @@ def run_op(spec: dict[str, Any]) -> dict[str, Any]:
         if spec["op"] == "load_no_checksum" and "verify_checksums" in str(exc):
             return {**res, "na": True, "reason": f"TypeError: {exc}"}
         return {**res, "error": f"TypeError: {exc}", "traceback": traceback.format_exc()[-3000:]}
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return {**res, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
     elapsed = time.perf_counter() - t0
-    peak = C.peak_rss_bytes()
+    peak, ru_maxrss = C.peak_rss_bytes()
     io1 = C.proc_io()
-    res.update(ok=True, time_s=elapsed, baseline_rss_bytes=baseline, peak_rss_bytes=peak,
-               peak_rss_over_baseline_bytes=peak - baseline,
-               io_delta={k: io1[k] - io0.get(k, 0) for k in io1})
-    import resource
-
+    res.update(
+        ok=True,
+        time_s=elapsed,
+        baseline_rss_bytes=baseline,
+        peak_rss_bytes=peak,
+        ru_maxrss_bytes=ru_maxrss,
+        peak_rss_over_baseline_bytes=peak - baseline,
+        io_delta={k: io1[k] - io0.get(k, 0) for k in io1},
+    )
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     if children:
         res["children_peak_rss_bytes"] = children
@@ -291,7 +256,7 @@ def run_op(spec: dict[str, Any]) -> dict[str, Any]:
 def child_entry(spec_json: str, result_file: str) -> None:
     try:
         res = run_op(json.loads(spec_json))
-    except BaseException as exc:  # noqa: BLE001 - always leave a record
+    except BaseException as exc:
         res = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
     Path(result_file).write_text(json.dumps(res))
 
@@ -299,10 +264,14 @@ def child_entry(spec_json: str, result_file: str) -> None:
 # --------------------------------------------------------------------------- #
 # Parent side: orchestration
 # --------------------------------------------------------------------------- #
-_IMPORTS = {"raw": ("torch", ()), "torch": ("torch", ()), "dcp": ("torch.distributed.checkpoint", ("save", "load")),
-            "safetensors": ("safetensors.torch", ("save_file", "load_file")),
-            "torchsnapshot": ("torchsnapshot", ("Snapshot", "StateDict")),
-            "snapshotkit": ("snapshotkit", ("Snapshot", "StateDict"))}
+_IMPORTS = {
+    "raw": ("torch", ()),
+    "torch": ("torch", ()),
+    "dcp": ("torch.distributed.checkpoint", ("save", "load")),
+    "safetensors": ("safetensors.torch", ("save_file", "load_file")),
+    "torchsnapshot": ("torchsnapshot", ("Snapshot", "StateDict")),
+    "snapshotkit": ("snapshotkit", ("Snapshot", "StateDict")),
+}
 
 
 def check_available(system: str) -> str | None:
@@ -311,9 +280,13 @@ def check_available(system: str) -> str | None:
     try:
         mod = importlib.import_module(module)
         missing = [n for n in names if not hasattr(mod, n)]
-    except Exception as exc:  # noqa: BLE001 - any import failure means "skipped"
+    except Exception as exc:
         return f"import {module} failed: {type(exc).__name__}: {exc}"
     return f"{module} lacks {', '.join(missing)}" if missing else None
+
+
+# Pure-library imports shared by the forkserver children (none starts threads).
+PRELOAD = ["numpy", "torch", "torch.distributed.checkpoint", "safetensors.torch", "torchsnapshot"]
 
 
 class Launcher:
@@ -324,12 +297,13 @@ class Launcher:
             import multiprocessing as mp
 
             self._ctx = mp.get_context("forkserver")
-            self._ctx.set_forkserver_preload(["torch", "numpy"])
+            self._ctx.set_forkserver_preload(PRELOAD)
 
     def run(self, spec: dict[str, Any], result_file: str) -> dict[str, Any]:
         Path(result_file).unlink(missing_ok=True)
         payload = json.dumps(spec)
         log = ""
+        rc: int | None
         if self._ctx is None:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child", payload, "--result-file", result_file]
             try:
@@ -347,7 +321,8 @@ class Launcher:
                 return {"ok": False, "error": f"timed out after {self.timeout} s"}
             rc = proc.exitcode
         try:
-            return json.loads(Path(result_file).read_text())
+            record: dict[str, Any] = json.loads(Path(result_file).read_text())
+            return record
         except (OSError, ValueError):
             return {"ok": False, "error": f"child exited with code {rc} without a result", "stderr_tail": log[-3000:]}
 
@@ -364,10 +339,15 @@ def summarize(runs: list[dict[str, Any]], nbytes: int) -> dict[str, Any]:
         return out
     med = C.median(r["time_s"] for r in good)
     rss = [r["peak_rss_over_baseline_bytes"] for r in good]
-    out.update(times_s=[r["time_s"] for r in good], median_s=med, bytes=nbytes,
-               bandwidth_bytes_per_s=C.ratio(nbytes, med),
-               peak_rss_over_baseline_bytes=C.median(rss), peak_rss_over_baseline_bytes_max=max(rss),
-               cache=sorted({r.get("cache", "?") for r in good}))
+    out.update(
+        times_s=[r["time_s"] for r in good],
+        median_s=med,
+        bytes=nbytes,
+        bandwidth_bytes_per_s=C.ratio(nbytes, med),
+        peak_rss_over_baseline_bytes=C.median(rss),
+        peak_rss_over_baseline_bytes_max=max(rss),
+        cache=sorted({r.get("cache", "?") for r in good}),
+    )
     for key in ("rchar", "read_bytes", "wchar", "write_bytes"):
         out[f"median_{key}"] = C.median(r.get("io_delta", {}).get(key) for r in good)
     if good[0].get("bytes_on_disk") is not None:
@@ -386,26 +366,36 @@ def compute_ratios(state: str, res: dict[str, Any], budget: int) -> dict[str, An
         return {s: C.ratio(get(s, op, "median_s"), ours) for s in COMPARED}
 
     r: dict[str, Any] = {
-        "snapshotkit_take_bw_over_raw_write_bw": C.ratio(get("snapshotkit", "save", "bandwidth_bytes_per_s"),
-                                                         get("raw", "save", "bandwidth_bytes_per_s")),
-        "snapshotkit_restore_bw_over_raw_read_bw": C.ratio(get("snapshotkit", "load", "bandwidth_bytes_per_s"),
-                                                           get("raw", "load", "bandwidth_bytes_per_s")),
+        "snapshotkit_take_bw_over_raw_write_bw": C.ratio(
+            get("snapshotkit", "save", "bandwidth_bytes_per_s"), get("raw", "save", "bandwidth_bytes_per_s")
+        ),
+        "snapshotkit_restore_bw_over_raw_read_bw": C.ratio(
+            get("snapshotkit", "load", "bandwidth_bytes_per_s"), get("raw", "load", "bandwidth_bytes_per_s")
+        ),
         "take_speedup_vs (their_time/ours)": speedups("save"),
         "restore_speedup_vs (their_time/ours)": speedups("load"),
-        "restore_time_with_over_without_checksums": C.ratio(get("snapshotkit", "load", "median_s"),
-                                                            get("snapshotkit", "load_no_checksum", "median_s")),
+        "restore_time_with_over_without_checksums": C.ratio(
+            get("snapshotkit", "load", "median_s"), get("snapshotkit", "load_no_checksum", "median_s")
+        ),
     }
     if get("snapshotkit", "load_no_checksum", "na"):
         r["restore_time_with_over_without_checksums"] = "n/a"
     if state == "large":
-        r["read_object_rchar_over_tensor_bytes"] = C.ratio(get("snapshotkit", "read_object", "median_rchar"),
-                                                           C.PROBE_BYTES)
+        r["read_object_rchar_over_tensor_bytes"] = C.ratio(
+            get("snapshotkit", "read_object", "median_rchar"), C.PROBE_BYTES
+        )
         r["read_object_storage_read_bytes_over_tensor_bytes"] = C.ratio(
-            get("snapshotkit", "read_object", "median_read_bytes"), C.PROBE_BYTES)
-    rss = {"memory_budget_bytes": budget}
-    for system, op, name in (("snapshotkit", "save", "snapshotkit_take"), ("snapshotkit", "load", "snapshotkit_restore"),
-                             ("torch", "save", "torch_save"), ("torch", "load", "torch_load"),
-                             ("dcp", "save", "dcp_save"), ("dcp", "load", "dcp_load")):
+            get("snapshotkit", "read_object", "median_read_bytes"), C.PROBE_BYTES
+        )
+    rss: dict[str, Any] = {"memory_budget_bytes": budget}
+    for system, op, name in (
+        ("snapshotkit", "save", "snapshotkit_take"),
+        ("snapshotkit", "load", "snapshotkit_restore"),
+        ("torch", "save", "torch_save"),
+        ("torch", "load", "torch_load"),
+        ("dcp", "save", "dcp_save"),
+        ("dcp", "load", "dcp_load"),
+    ):
         rss[name] = get(system, op, "peak_rss_over_baseline_bytes")
     rss["snapshotkit_take_over_budget"] = C.ratio(rss["snapshotkit_take"], budget)
     rss["snapshotkit_restore_over_budget"] = C.ratio(rss["snapshotkit_restore"], budget)
@@ -420,15 +410,19 @@ def _x(v: float | str | None) -> str:
 def render(report: dict[str, Any]) -> str:
     lines: list[str] = []
     m = report["machine"]
-    lines.append(f"machine: {m.get('cpu_model')} | {m.get('logical_cpus')} cpus | RAM {C.fmt_bytes(m.get('ram_bytes'))}"
-                 f" | kernel {m.get('kernel')} | fs {m.get('scratch_fs', {}).get('type')}"
-                 f" | torch {m['versions'].get('torch')}")
+    lines.append(
+        f"machine: {m.get('cpu_model')} | {m.get('logical_cpus')} cpus | RAM {C.fmt_bytes(m.get('ram_bytes'))}"
+        f" | kernel {m.get('kernel')} | fs {m.get('scratch_fs', {}).get('type')}"
+        f" | torch {m['versions'].get('torch')}"
+    )
     budget = report["config"]["memory_budget_bytes"]
     for state, sres in report["results"].items():
         info = report["states"][state]
         lines.append("")
-        lines.append(f"== {state}: {info['tensors']} tensors, {C.fmt_bytes(info['bytes'])}; "
-                     f"median of {report['config']['repeats']}; reads: {report['read_cache']} page cache ==")
+        lines.append(
+            f"== {state}: {info['tensors']} tensors, {C.fmt_bytes(info['bytes'])}; "
+            f"median of {report['config']['repeats']}; reads: {report['read_cache']} page cache =="
+        )
         lines.append(f"{'system':<14}{'operation':<24}{'median s':>10}{'GiB/s':>9}{'peak RSS-base':>15}  notes")
         for system, ops in sres.items():
             if "skipped" in ops:
@@ -444,58 +438,63 @@ def render(report: dict[str, Any]) -> str:
                 if s.get("error"):
                     notes.append("ERROR: " + s["error"][:90])
                 if op == "read_object" and s.get("median_rchar") is not None:
-                    notes.append(f"rchar {C.fmt_bytes(s['median_rchar'])}, storage {C.fmt_bytes(s.get('median_read_bytes'))}")
+                    notes.append(
+                        f"rchar {C.fmt_bytes(s['median_rchar'])}, storage {C.fmt_bytes(s.get('median_read_bytes'))}"
+                    )
                 if s.get("in_place") is False:
                     notes.append("NOT in place")
-                lines.append(f"{system:<14}{label:<24}{C.fmt_num(s.get('median_s'), '.3f'):>10}"
-                             f"{C.fmt_num(bw / C.GiB if bw else None, '.2f'):>9}"
-                             f"{C.fmt_bytes(s.get('peak_rss_over_baseline_bytes')):>15}  {'; '.join(notes)}")
+                lines.append(
+                    f"{system:<14}{label:<24}{C.fmt_num(s.get('median_s'), '.3f'):>10}"
+                    f"{C.fmt_num(bw / C.GiB if bw else None, '.2f'):>9}"
+                    f"{C.fmt_bytes(s.get('peak_rss_over_baseline_bytes')):>15}  {'; '.join(notes)}"
+                )
         r = report["ratios"][state]
         lines.append(f"-- ratios ({state}) --")
         lines.append(f"snapshotkit take bw / raw write bw:      {_x(r['snapshotkit_take_bw_over_raw_write_bw'])}")
         lines.append(f"snapshotkit restore bw / raw read bw:    {_x(r['snapshotkit_restore_bw_over_raw_read_bw'])}")
         for kind in ("take", "restore"):
             sp = r[f"{kind}_speedup_vs (their_time/ours)"]
-            lines.append(f"{kind} speedup (their time / ours):".ljust(41) + "  ".join(f"{k} {_x(v)}" for k, v in sp.items()))
+            lines.append(
+                f"{kind} speedup (their time / ours):".ljust(41) + "  ".join(f"{k} {_x(v)}" for k, v in sp.items())
+            )
         lines.append(f"restore time with / without checksums:  {_x(r['restore_time_with_over_without_checksums'])}")
         if "read_object_rchar_over_tensor_bytes" in r:
-            lines.append(f"read_object rchar / tensor bytes:        {_x(r['read_object_rchar_over_tensor_bytes'])}"
-                         f"  (storage read_bytes: {_x(r['read_object_storage_read_bytes_over_tensor_bytes'])})")
+            lines.append(
+                f"read_object rchar / tensor bytes:        {_x(r['read_object_rchar_over_tensor_bytes'])}"
+                f"  (storage read_bytes: {_x(r['read_object_storage_read_bytes_over_tensor_bytes'])})"
+            )
         p = r["peak_rss_over_baseline"]
-        lines.append(f"peak RSS over baseline (budget {C.fmt_bytes(budget)}): snapshotkit take "
-                     f"{C.fmt_bytes(p['snapshotkit_take'])} ({_x(p['snapshotkit_take_over_budget'])} budget), restore "
-                     f"{C.fmt_bytes(p['snapshotkit_restore'])} ({_x(p['snapshotkit_restore_over_budget'])} budget); "
-                     f"torch.save {C.fmt_bytes(p['torch_save'])}, torch.load {C.fmt_bytes(p['torch_load'])}; "
-                     f"dcp.save {C.fmt_bytes(p['dcp_save'])}, dcp.load {C.fmt_bytes(p['dcp_load'])}")
+        lines.append(
+            f"peak RSS over baseline (budget {C.fmt_bytes(budget)}): snapshotkit take "
+            f"{C.fmt_bytes(p['snapshotkit_take'])} ({_x(p['snapshotkit_take_over_budget'])} budget), restore "
+            f"{C.fmt_bytes(p['snapshotkit_restore'])} ({_x(p['snapshotkit_restore_over_budget'])} budget); "
+            f"torch.save {C.fmt_bytes(p['torch_save'])}, torch.load {C.fmt_bytes(p['torch_load'])}; "
+            f"dcp.save {C.fmt_bytes(p['dcp_save'])}, dcp.load {C.fmt_bytes(p['dcp_load'])}"
+        )
     return "\n".join(lines)
 
 
-def parse_size(text: str) -> int:
-    units = {"": 1, "k": C.KiB, "kib": C.KiB, "m": C.MiB, "mib": C.MiB, "g": C.GiB, "gib": C.GiB}
-    t = text.strip().lower().replace("_", "")
-    num = t.rstrip("kmgib")
-    try:
-        return int(float(num) * units[t[len(num):]])
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(f"bad size {text!r} (use e.g. 4096, 64MiB, 2GiB)") from None
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default="bench_local.json", help="JSON result file (default: %(default)s)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a new temp dir under /tmp)")
     ap.add_argument("--only", default=",".join(SYSTEMS), help="comma-separated subset of: " + ",".join(SYSTEMS))
     ap.add_argument("--states", default=",".join(STATES), help="comma-separated subset of: large,small")
     ap.add_argument("--repeats", type=int, default=3, help="repeats per operation; the median is reported")
-    ap.add_argument("--large-bytes", type=parse_size, default=2 * C.GiB, help="large state total (default 2GiB)")
-    ap.add_argument("--large-tensor-bytes", type=parse_size, default=64 * C.MiB, help="large tensor size (64MiB)")
+    ap.add_argument("--large-bytes", type=C.parse_size, default=2 * C.GiB, help="large state total (default 2GiB)")
+    ap.add_argument("--large-tensor-bytes", type=C.parse_size, default=64 * C.MiB, help="large tensor size (64MiB)")
     ap.add_argument("--small-count", type=int, default=20_000, help="number of small tensors (20000)")
-    ap.add_argument("--small-bytes", type=parse_size, default=4 * C.KiB, help="bytes per small tensor (4KiB)")
-    ap.add_argument("--memory-budget-bytes", type=parse_size, default=256 * C.MiB, help="snapshotkit budget")
+    ap.add_argument("--small-bytes", type=C.parse_size, default=4 * C.KiB, help="bytes per small tensor (4KiB)")
+    ap.add_argument("--memory-budget-bytes", type=C.parse_size, default=256 * C.MiB, help="snapshotkit budget")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--launcher", choices=("subprocess", "forkserver"), default="subprocess",
-                    help="how fresh per-operation processes are started (default: %(default)s)")
+    ap.add_argument(
+        "--launcher",
+        choices=("subprocess", "forkserver"),
+        default="subprocess",
+        help="how fresh per-operation processes are started (default: %(default)s)",
+    )
     ap.add_argument("--no-drop-caches", action="store_true", help="do not drop the page cache before reads")
     ap.add_argument("--no-verify", action="store_true", help="skip bit-exact verification of restored data")
     ap.add_argument("--op-timeout", type=float, default=3600.0, help="seconds per operation before it is killed")
@@ -518,9 +517,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         child_entry(args.child, args.result_file)
         return 0
-    cfg = {"large_bytes": args.large_bytes, "large_tensor_bytes": args.large_tensor_bytes,
-           "small_count": args.small_count, "small_bytes": args.small_bytes, "seed": args.seed}
-    state_specs = {s: specs_for(s, cfg) for s in args.states}  # validates sizes early
+    cfg = {
+        "large_bytes": args.large_bytes,
+        "large_tensor_bytes": args.large_tensor_bytes,
+        "small_count": args.small_count,
+        "small_bytes": args.small_bytes,
+        "seed": args.seed,
+    }
+    try:
+        state_specs = {s: specs_for(s, cfg) for s in args.states}  # validates sizes early
+    except ValueError as exc:
+        print(f"bench_local.py: error: {exc}", file=sys.stderr)
+        return 2
     if args.dir:
         Path(args.dir).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="snapshotkit-bench-", dir=args.dir or "/tmp"))
@@ -528,20 +536,35 @@ def main(argv: list[str] | None = None) -> int:
     available = {s: check_available(s) for s in args.only}
     launcher = Launcher(args.launcher, args.op_timeout)
     report: dict[str, Any] = {
-        "benchmark": "bench_local", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "config": {**cfg, "repeats": args.repeats, "memory_budget_bytes": args.memory_budget_bytes,
-                   "systems": args.only, "states": args.states, "launcher": args.launcher,
-                   "scratch_dir": str(scratch), "verify": not args.no_verify},
+        "benchmark": "bench_local",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "config": {
+            **cfg,
+            "repeats": args.repeats,
+            "memory_budget_bytes": args.memory_budget_bytes,
+            "systems": args.only,
+            "states": args.states,
+            "launcher": args.launcher,
+            "scratch_dir": str(scratch),
+            "verify": not args.no_verify,
+        },
         "machine": C.machine_facts(str(scratch)),
         "read_cache": "cold" if cold else "warm",
-        "notes": {"peak_rss_over_baseline_bytes": "ru_maxrss after the op (peak mark reset just before) minus "
-                                                  "RSS right before the op, in the op's own process",
-                  "rchar": "from /proc/self/io; counts every read syscall of the process (all threads)",
-                  "fsync": "the benchmark adds an fsync of all written files to safetensors and torchsnapshot "
-                           "saves (they do not fsync themselves); dirty_after_bytes shows system Dirty after a save",
-                  "torch.load": "allocates new tensors (no in-place API); others load into pre-allocated ones"},
+        "notes": {
+            "peak_rss_over_baseline_bytes": "peak RSS after the op (VmHWM, i.e. ru_maxrss without the value "
+            "inherited across exec; mark reset via clear_refs just before) "
+            "minus RSS right before the op, in the op's own process",
+            "rchar": "from /proc/self/io; counts every read syscall of the process (all threads)",
+            "read_bytes": "from /proc/self/io; block-layer reads incl. readahead and, after a cache drop, "
+            "library code pages faulted in during the op -- noisy for small reads",
+            "raw": "raw readv is a single sequential stream; a library using parallel reads can exceed it",
+            "fsync": "the benchmark adds an fsync of all written files to safetensors and torchsnapshot "
+            "saves (they do not fsync themselves); dirty_after_bytes shows system Dirty after a save",
+            "torch.load": "allocates new tensors (no in-place API); others load into pre-allocated ones",
+        },
         "states": {s: {"tensors": len(sp), "bytes": C.state_bytes(sp)} for s, sp in state_specs.items()},
-        "results": {}, "ratios": {},
+        "results": {},
+        "ratios": {},
     }
     result_file = str(scratch / "op_result.json")
     try:
@@ -559,18 +582,29 @@ def main(argv: list[str] | None = None) -> int:
                             if op != "save" and not saved:
                                 rec = {"ok": False, "error": "save failed in this repeat; not attempted"}
                             else:
-                                spec = {"system": system, "op": op, "state": state, "cfg": cfg,
-                                        "target": str(workdir / TARGET[system]), "cold": cold,
-                                        "budget": args.memory_budget_bytes, "verify": not args.no_verify}
+                                spec = {
+                                    "system": system,
+                                    "op": op,
+                                    "state": state,
+                                    "cfg": cfg,
+                                    "target": str(workdir / TARGET[system]),
+                                    "cold": cold,
+                                    "budget": args.memory_budget_bytes,
+                                    "verify": not args.no_verify,
+                                }
                                 rec = launcher.run(spec, result_file)
                                 if op == "save" and rec.get("ok"):
                                     saved = True
                                     rec["bytes_on_disk"] = C.tree_bytes(workdir / TARGET[system])
                             runs.setdefault(system, {}).setdefault(op, []).append(rec)
-                            status = (f"{rec['time_s']:.3f} s" if rec.get("ok") else
-                                      "n/a" if rec.get("na") else f"FAILED: {rec.get('error', '?')[:200]}")
-                            print(f"[{state} {rep + 1}/{args.repeats}] {system} {LABELS[(system, op)]}: {status}",
-                                  file=sys.stderr, flush=True)
+                            status = "n/a" if rec.get("na") else f"FAILED: {str(rec.get('error'))[:200]}"
+                            if rec.get("ok"):
+                                status = f"{rec['time_s']:.3f} s"
+                            print(
+                                f"[{state} {rep + 1}/{args.repeats}] {system} {LABELS[(system, op)]}: {status}",
+                                file=sys.stderr,
+                                flush=True,
+                            )
                     finally:
                         shutil.rmtree(workdir, ignore_errors=True)
             nbytes = C.state_bytes(specs)
@@ -579,13 +613,16 @@ def main(argv: list[str] | None = None) -> int:
                 if available[system]:
                     sres[system] = {"skipped": available[system]}
                     continue
-                sres[system] = {op: summarize(rs, C.PROBE_BYTES if op == "read_object" else nbytes)
-                                for op, rs in runs.get(system, {}).items()}
+                sres[system] = {
+                    op: summarize(rs, C.PROBE_BYTES if op == "read_object" else nbytes)
+                    for op, rs in runs.get(system, {}).items()
+                }
             report["results"][state] = sres
             report["ratios"][state] = compute_ratios(state, sres, args.memory_budget_bytes)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(render(report))
     print(f"\nJSON written to {args.out}")

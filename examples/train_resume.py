@@ -182,6 +182,7 @@ def run_phase(args: argparse.Namespace) -> None:
     model.train()
     for step in range(start + 1, args.steps + 1):
         loss = train_step(model, optim, sched, data)
+        progress["step"] = step
         result["losses"][str(step)] = loss.hex()
         if step % 10 == 0 or step == args.steps:
             log(f"step {step:3d}  loss {loss:.4f}  lr {sched.get_last_lr()[0]:.2e}")
@@ -193,7 +194,6 @@ def run_phase(args: argparse.Namespace) -> None:
             log(f"step {step}: simulated crash while writing {snapdir / f'step_{step}'}")
             os._exit(CRASH_EXIT_CODE)
         if phase == "B" and step % args.snapshot_every == 0:
-            progress["step"] = step
             t0 = time.perf_counter()
             Snapshot.take(snapdir / f"step_{step}", app_state)
             log(f"snapshot -> {snapdir / f'step_{step}'} ({time.perf_counter() - t0:.2f}s)")
