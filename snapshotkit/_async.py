@@ -35,7 +35,15 @@ def _start_loop() -> asyncio.AbstractEventLoop:
     def run() -> None:
         asyncio.set_event_loop(loop)
         loop.call_soon(ready.set)
-        loop.run_forever()
+        while True:
+            try:
+                loop.run_forever()
+                return
+            except BaseException:  # noqa: S112
+                # KeyboardInterrupt/SystemExit raised by code running on the loop escape
+                # run_forever() after being set on their task; keep serving, or every later
+                # call (and the caller waiting on that task) would hang.
+                continue
 
     threading.Thread(target=run, name="snapshotkit-loop", daemon=True).start()
     ready.wait()
@@ -81,5 +89,15 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 async def to_thread(func: Any, *args: Any) -> Any:
-    """Run a blocking callable on the snapshotkit thread pool."""
-    return await asyncio.get_running_loop().run_in_executor(None, func, *args)
+    """Run a blocking callable on the snapshotkit thread pool.
+
+    If the awaiting task is cancelled, this still waits for the thread to finish before the
+    cancellation propagates: a thread cannot be stopped, and clean-up that runs while it is
+    still writing (a failed take deleting its data objects) would be undone by it.
+    """
+    future = asyncio.get_running_loop().run_in_executor(None, func, *args)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        raise

@@ -59,3 +59,25 @@ def test_strings_that_are_not_valid_utf8_round_trip(tmp_path: Path) -> None:
     fresh = StateDict()
     Snapshot(str(tmp_path / "s")).restore({"sd": fresh})
     assert fresh["s"] == odd and fresh["ok"] == "ünï"
+
+
+@pytest.mark.timeout(60)
+def test_keyboard_interrupt_raised_on_the_loop_does_not_hang_snapshotkit(tmp_path: Path) -> None:
+    # Before: a KeyboardInterrupt raised by plugin code on snapshotkit's loop thread stopped the
+    # loop, so this take and every later snapshotkit call waited forever.
+    from snapshotkit.storage import register_storage_plugin
+    from snapshotkit.storage._registry import _registered
+
+    class InterruptingFS(FSStoragePlugin):
+        async def write(self, location: str, data: object) -> None:  # type: ignore[override]
+            raise KeyboardInterrupt
+
+    register_storage_plugin("interrupting", lambda root, options: InterruptingFS(root))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Snapshot.take(f"interrupting://{tmp_path / 'a'}", {"sd": StateDict(t=torch.zeros(3))})
+    finally:
+        _registered.pop("interrupting", None)
+    assert not (tmp_path / "a").exists()
+    Snapshot.take(str(tmp_path / "b"), {"sd": StateDict(t=torch.ones(3))})
+    assert torch.equal(Snapshot(str(tmp_path / "b")).read_object("sd/t"), torch.ones(3))
