@@ -36,10 +36,9 @@ import torch.nn.functional as F
 from torch import nn
 
 try:
-    import snapshotkit
+    import snapshotkit  # noqa: F401
 except ImportError:  # running from a source checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import snapshotkit
 from snapshotkit import RNGState, Snapshot, StateDict
 from snapshotkit.errors import IncompleteSnapshotError, SnapshotNotFoundError
 
@@ -108,7 +107,9 @@ class MarkovStream:
         self.gen.set_state(sd["generator"])
 
 
-def build(seed: int, total_steps: int) -> tuple[TinyLM, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR, MarkovStream]:
+def build(
+    seed: int, total_steps: int
+) -> tuple[TinyLM, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR, MarkovStream]:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -142,7 +143,7 @@ def latest_committed_snapshot(snapdir: Path, log: Any) -> tuple[int, Path] | Non
     found = [(int(p.name[5:]), p) for p in snapdir.glob("step_*") if p.name[5:].isdigit()]
     for step, path in sorted(found, reverse=True):
         try:
-            Snapshot(path).metadata
+            _ = Snapshot(path).metadata
         except (SnapshotNotFoundError, IncompleteSnapshotError) as e:
             log(f"skipping {path.name}: {type(e).__name__}: {e}")
             continue
@@ -159,8 +160,7 @@ def run_phase(args: argparse.Namespace) -> None:
 
     model, optim, sched, data = build(args.seed, args.steps)
     progress = StateDict(step=0)
-    app_state = {"model": model, "optim": optim, "sched": sched, "data": data,
-                 "rng": RNGState(), "progress": progress}
+    app_state = {"model": model, "optim": optim, "sched": sched, "data": data, "rng": RNGState(), "progress": progress}
     result: dict[str, Any] = {"resumed_from": 0, "losses": {}}
     start = 0
     if phase == "C":
@@ -218,8 +218,18 @@ def main(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"[main] workdir {workdir}", flush=True)
 
-    common = ["--workdir", str(workdir), "--steps", str(args.steps), "--seed", str(args.seed),
-              "--snapshot-every", str(args.snapshot_every), "--crash-at", str(args.crash_at)]
+    common = [
+        "--workdir",
+        str(workdir),
+        "--steps",
+        str(args.steps),
+        "--seed",
+        str(args.seed),
+        "--snapshot-every",
+        str(args.snapshot_every),
+        "--crash-at",
+        str(args.crash_at),
+    ]
     for phase, expected_rc in (("A", 0), ("B", CRASH_EXIT_CODE), ("C", 0)):
         t0 = time.perf_counter()
         rc = subprocess.run([sys.executable, __file__, "--phase", phase, *common]).returncode
@@ -241,8 +251,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"[main] FAIL: resumed losses differ from the uninterrupted run, {bad}")
         ok = False
     else:
-        print(f"[main] OK: resumed losses match the uninterrupted run bit for bit "
-              f"for all {len(after)} steps after step {resumed_from} (float.hex compared)")
+        print(
+            f"[main] OK: resumed losses match the uninterrupted run bit for bit "
+            f"for all {len(after)} steps after step {resumed_from} (float.hex compared)"
+        )
     final_a, final_c = torch.load(workdir / "final_A.pt"), torch.load(workdir / "final_C.pt")
     if all(torch.equal(final_a[k], final_c[k]) for k in final_a) and final_a.keys() == final_c.keys():
         print(f"[main] OK: final weights identical ({len(final_a)} tensors)")
@@ -256,9 +268,11 @@ def main(args: argparse.Namespace) -> int:
         value = snap.read_object(f"model/{key}", memory_budget_bytes=READ_BUDGET)
         match = isinstance(value, torch.Tensor) and torch.equal(value, restored[key])
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        print(f"[main] {'OK' if match else 'FAIL'}: read_object('model/{key}', "
-              f"memory_budget_bytes={READ_BUDGET}) -> shape {shape}, "
-              f"{'matches' if match else 'DOES NOT match'} the restored model")
+        print(
+            f"[main] {'OK' if match else 'FAIL'}: read_object('model/{key}', "
+            f"memory_budget_bytes={READ_BUDGET}) -> shape {shape}, "
+            f"{'matches' if match else 'DOES NOT match'} the restored model"
+        )
         ok = ok and match
     print(f"[main] {'PASSED' if ok else 'FAILED'} in {time.perf_counter() - t_start:.1f}s wall time")
     return 0 if ok else 1

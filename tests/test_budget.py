@@ -9,10 +9,10 @@ import torch
 from snapshotkit import Snapshot, StateDict
 from snapshotkit._budget import MemoryBudget
 from snapshotkit._load import LeafLoader
+from snapshotkit._plan import plan_layout
 from snapshotkit._read_pipeline import read_pieces
 from snapshotkit._restore import rank_view
 from snapshotkit._write_pipeline import Payload, staging_cost_bytes
-from snapshotkit._plan import plan_layout
 from snapshotkit.storage import FSStoragePlugin
 
 

@@ -15,9 +15,23 @@ def test_train_resume_example_is_bit_exact(tmp_path: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--workdir", str(tmp_path / "work"),
-         "--steps", "24", "--snapshot-every", "5", "--crash-at", "17"],
-        capture_output=True, text=True, timeout=120, env=env, cwd=REPO,
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--workdir",
+            str(tmp_path / "work"),
+            "--steps",
+            "24",
+            "--snapshot-every",
+            "5",
+            "--crash-at",
+            "17",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output

@@ -9,8 +9,14 @@ import pytest
 
 import snapshotkit
 
-PUBLIC_MODULES = ["snapshotkit", "snapshotkit.errors", "snapshotkit.manifest", "snapshotkit.stateful",
-                  "snapshotkit.snapshot", "snapshotkit.storage"]
+PUBLIC_MODULES = [
+    "snapshotkit",
+    "snapshotkit.errors",
+    "snapshotkit.manifest",
+    "snapshotkit.stateful",
+    "snapshotkit.snapshot",
+    "snapshotkit.storage",
+]
 
 
 @pytest.mark.parametrize("name", PUBLIC_MODULES)

@@ -16,7 +16,9 @@ from snapshotkit.manifest import ObjectEntry, TensorEntry
 from snapshotkit.storage import FSStoragePlugin
 
 
-def test_torch_save_payloads_larger_than_a_chunk_stay_one_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torch_save_payloads_larger_than_a_chunk_stay_one_piece(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Before: a quantized tensor or object above SNAPSHOTKIT_CHUNK_BYTES was split into several
     # pieces, which the manifest decoder (rightly) refuses for torch_save data.
     monkeypatch.setenv("SNAPSHOTKIT_CHUNK_BYTES", "4096")

@@ -82,7 +82,9 @@ def test_quantized_tensors_round_trip(tmp_path: Path) -> None:
 
 
 def test_sparse_tensor_round_trips(tmp_path: Path) -> None:
-    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2], [1, 0]]), torch.tensor([3.0, 4.0]), (3, 3), check_invariants=True)
+    sparse = torch.sparse_coo_tensor(
+        torch.tensor([[0, 2], [1, 0]]), torch.tensor([3.0, 4.0]), (3, 3), check_invariants=True
+    )
     Snapshot.take(str(tmp_path / "s"), {"sd": StateDict(sp=sparse)})
     out = Snapshot(str(tmp_path / "s")).read_object("sd/sp")
     assert out.is_sparse
@@ -110,7 +112,9 @@ def test_non_contiguous_views_and_in_place_strided_destinations(tmp_path: Path) 
     assert torch.equal(holder.permute(2, 1, 0).transpose(0, 2), values["transposed"])
 
 
-def test_large_tensor_is_chunked_and_strided_read_honours_tiny_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_tensor_is_chunked_and_strided_read_honours_tiny_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SNAPSHOTKIT_CHUNK_BYTES", str(64 << 10))
     monkeypatch.setenv("SNAPSHOTKIT_DATA_OBJECT_BYTES", str(256 << 10))
     big = torch.randn(512, 300)  # 600 KiB: ten 64 KiB pieces over three data objects
