@@ -124,6 +124,14 @@ class Piece:
     def to_json(self) -> dict[str, Any]:
         return {"location": self.location, "byte_range": list(self.byte_range), "checksum": self.checksum}
 
+    def to_json_line(self) -> str:
+        """``to_json()`` as compact JSON text, built directly (manifests hold many pieces)."""
+        start, end = self.byte_range
+        return (
+            f'{{"location":{_json_string(self.location)},"byte_range":[{start},{end}],'
+            f'"checksum":{_json_string(self.checksum)}}}'
+        )
+
     @classmethod
     def from_json(cls, key: str, raw: object) -> Piece:
         if not isinstance(raw, dict):
@@ -178,6 +186,16 @@ class TensorEntry:
             "replicated": self.replicated,
             "pieces": [piece.to_json() for piece in self.pieces],
         }
+
+    def to_json_line(self) -> str:
+        """``to_json()`` as compact JSON text, built directly (manifests hold many tensors)."""
+        shape = ",".join(map(str, self.shape))
+        pieces = ",".join(piece.to_json_line() for piece in self.pieces)
+        return (
+            f'{{"kind":"tensor","dtype":{_json_string(self.dtype)},"shape":[{shape}],'
+            f'"serializer":{_json_string(self.serializer)},"replicated":{"true" if self.replicated else "false"},'
+            f'"pieces":[{pieces}]}}'
+        )
 
     @classmethod
     def from_json(cls, key: str, raw: dict[str, Any]) -> TensorEntry:
@@ -331,6 +349,8 @@ _DECODERS: dict[str, Callable[[str, dict[str, Any]], Entry]] = {
 }
 
 _MISSING = object()
+#: JSON string literal of a str (C-accelerated; raw UTF-8 like the compact encoder below).
+_json_string: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
@@ -398,7 +418,10 @@ class SnapshotMetadata:
         lines.extend(f"{json.dumps(k)}: {json.dumps(v)}," for k, v in head.items())
         if self.manifest:
             lines.append('"manifest": {')
-            body = [f"{encode(k)}: {encode(e.to_json())}" for k, e in self.manifest.items()]
+            body = [
+                f"{_json_string(k)}: {e.to_json_line() if isinstance(e, TensorEntry) else encode(e.to_json())}"
+                for k, e in self.manifest.items()
+            ]
             lines.append(",\n".join(body))
             lines.append("}")
         else:
