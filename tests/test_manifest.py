@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from snapshotkit.errors import UnsafeLocationError
 from snapshotkit.manifest import (
     DictEntry,
     ListEntry,
@@ -15,7 +16,6 @@ from snapshotkit.manifest import (
     TupleEntry,
     validate_location,
 )
-from snapshotkit.errors import UnsafeLocationError
 
 PIECE = Piece('data/0_00000_ab"c\u00e9', (64, 128), "crc32c:0000abcd")
 ENTRIES = {
