@@ -235,6 +235,64 @@ def raw_load(path: str, dst: dict[str, Any]) -> None:
         os.close(fd)
 
 
+RAW_PARALLEL_STREAMS = 4
+
+
+def _split_even(views: list[memoryview], parts: int) -> list[list[memoryview]]:
+    """Consecutive groups of views with about the same number of bytes each."""
+    total = sum(len(v) for v in views)
+    groups: list[list[memoryview]] = [[] for _ in range(parts)]
+    done = 0
+    for v in views:
+        groups[min(parts - 1, done * parts // max(total, 1))].append(v)
+        done += len(v)
+    return groups
+
+
+def _parallel(fn: Callable[[int, list[memoryview]], None], paths: list[str], groups: list[list[memoryview]]) -> None:
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(len(paths)) as pool:
+        list(pool.map(fn, range(len(paths)), groups))
+
+
+def raw_save_parallel(path: str, state: dict[str, Any]) -> None:
+    """The same bytes as :func:`raw_save`, as RAW_PARALLEL_STREAMS files written (and fsynced)
+    by as many threads at once: the best a raw writer does on a device that likes queue depth."""
+    os.makedirs(path, exist_ok=True)
+    paths = [os.path.join(path, f"part{i}") for i in range(RAW_PARALLEL_STREAMS)]
+
+    def write(i: int, views: list[memoryview]) -> None:
+        fd = os.open(paths[i], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for batch in _batches(views):
+                _transfer_all(os.writev, fd, batch)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    _parallel(write, paths, _split_even(_byte_views(state.values()), RAW_PARALLEL_STREAMS))
+    dfd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def raw_load_parallel(path: str, dst: dict[str, Any]) -> None:
+    paths = [os.path.join(path, f"part{i}") for i in range(RAW_PARALLEL_STREAMS)]
+
+    def read(i: int, views: list[memoryview]) -> None:
+        fd = os.open(paths[i], os.O_RDONLY)
+        try:
+            for batch in _batches(views):
+                _transfer_all(os.readv, fd, batch)
+        finally:
+            os.close(fd)
+
+    _parallel(read, paths, _split_even(_byte_views(dst.values()), RAW_PARALLEL_STREAMS))
+
+
 # --------------------------------------------------------------------------- #
 # Process measurement
 # --------------------------------------------------------------------------- #

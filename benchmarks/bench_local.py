@@ -70,11 +70,12 @@ if (_REPO_ROOT / "snapshotkit").is_dir() and str(_REPO_ROOT) not in sys.path:
 
 import _common as C  # noqa: E402
 
-SYSTEMS = ("raw", "torch", "dcp", "safetensors", "torchsnapshot", "snapshotkit")
+SYSTEMS = ("raw", "raw4", "torch", "dcp", "safetensors", "torchsnapshot", "snapshotkit")
 STATES = ("large", "small")
 COMPARED = ("torch", "dcp", "torchsnapshot", "safetensors")
 TARGET = {
     "raw": "data.bin",
+    "raw4": "raw4",
     "torch": "state.pt",
     "dcp": "dcp",
     "safetensors": "state.safetensors",
@@ -84,6 +85,8 @@ TARGET = {
 LABELS = {
     ("raw", "save"): "write+fsync",
     ("raw", "load"): "readv",
+    ("raw4", "save"): "4 x write+fsync",
+    ("raw4", "load"): "4 x readv",
     ("torch", "save"): "torch.save+fsync",
     ("torch", "load"): "torch.load",
     ("dcp", "save"): "dcp.save",
@@ -144,6 +147,8 @@ def _prepare_op(spec: dict[str, Any]) -> tuple[Callable[[], Any], dict[str, Any]
         def save() -> None:
             if system == "raw":
                 C.raw_save(target, src)
+            elif system == "raw4":
+                C.raw_save_parallel(target, src)
             elif system == "torch":
                 with open(target, "wb") as f:
                     torch.save(src, f)
@@ -176,6 +181,9 @@ def _prepare_op(spec: dict[str, Any]) -> tuple[Callable[[], Any], dict[str, Any]
     def load() -> Any:
         if system == "raw":
             C.raw_load(target, dst)
+            return dst
+        if system == "raw4":
+            C.raw_load_parallel(target, dst)
             return dst
         if system == "dcp":
             dcp.load(dst, checkpoint_id=target)
@@ -266,6 +274,7 @@ def child_entry(spec_json: str, result_file: str) -> None:
 # --------------------------------------------------------------------------- #
 _IMPORTS = {
     "raw": ("torch", ()),
+    "raw4": ("torch", ()),
     "torch": ("torch", ()),
     "dcp": ("torch.distributed.checkpoint", ("save", "load")),
     "safetensors": ("safetensors.torch", ("save_file", "load_file")),
@@ -365,12 +374,17 @@ def compute_ratios(state: str, res: dict[str, Any], budget: int) -> dict[str, An
         ours = get("snapshotkit", op, "median_s")
         return {s: C.ratio(get(s, op, "median_s"), ours) for s in COMPARED}
 
+    def best_raw(op: str) -> Any:
+        values = [v for v in (get("raw", op, "bandwidth_bytes_per_s"), get("raw4", op, "bandwidth_bytes_per_s")) if v]
+        return max(values) if values else None
+
     r: dict[str, Any] = {
+        # raw = the faster of one sequential stream and four parallel streams of the same bytes
         "snapshotkit_take_bw_over_raw_write_bw": C.ratio(
-            get("snapshotkit", "save", "bandwidth_bytes_per_s"), get("raw", "save", "bandwidth_bytes_per_s")
+            get("snapshotkit", "save", "bandwidth_bytes_per_s"), best_raw("save")
         ),
         "snapshotkit_restore_bw_over_raw_read_bw": C.ratio(
-            get("snapshotkit", "load", "bandwidth_bytes_per_s"), get("raw", "load", "bandwidth_bytes_per_s")
+            get("snapshotkit", "load", "bandwidth_bytes_per_s"), best_raw("load")
         ),
         "take_speedup_vs (their_time/ours)": speedups("save"),
         "restore_speedup_vs (their_time/ours)": speedups("load"),
@@ -450,8 +464,8 @@ def render(report: dict[str, Any]) -> str:
                 )
         r = report["ratios"][state]
         lines.append(f"-- ratios ({state}) --")
-        lines.append(f"snapshotkit take bw / raw write bw:      {_x(r['snapshotkit_take_bw_over_raw_write_bw'])}")
-        lines.append(f"snapshotkit restore bw / raw read bw:    {_x(r['snapshotkit_restore_bw_over_raw_read_bw'])}")
+        lines.append(f"snapshotkit take bw / best raw write bw: {_x(r['snapshotkit_take_bw_over_raw_write_bw'])}")
+        lines.append(f"snapshotkit restore bw / best raw read bw: {_x(r['snapshotkit_restore_bw_over_raw_read_bw'])}")
         for kind in ("take", "restore"):
             sp = r[f"{kind}_speedup_vs (their_time/ours)"]
             lines.append(

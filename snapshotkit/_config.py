@@ -53,7 +53,7 @@ class Config:
 
     memory_budget_bytes: int
     chunk_bytes: int = 16 * _MIB
-    data_object_bytes: int = 256 * _MIB
+    data_object_bytes: int = 64 * _MIB
     io_concurrency: int = 4
     verify_checksums: bool = True
 

@@ -21,6 +21,7 @@ SCRIPT = REPO / "benchmarks" / "bench_local.py"
 # system -> (module, names) that must import for the system to be benchmarked.
 PACKAGES = {
     "raw": ("torch", ()),
+    "raw4": ("torch", ()),
     "torch": ("torch", ()),
     "dcp": ("torch.distributed.checkpoint", ("save", "load")),
     "safetensors": ("safetensors.torch", ("save_file", "load_file")),
