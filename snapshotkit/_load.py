@@ -51,7 +51,7 @@ class _Slot:
 
 
 class LeafLoader:
-    """Collects the piece reads for many leaves; ``resolve()`` yields the values afterwards."""
+    """Collects the piece reads for many leaves; the thunks :meth:`add` returns give the values once they ran."""
 
     def __init__(self, *, weights_only: bool) -> None:
         self.weights_only = weights_only
