@@ -9,6 +9,7 @@ sub-ranges with a running checksum.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 
@@ -73,7 +74,12 @@ def _storage_failure(exc: BaseException, location: str, reads: Sequence[PieceRea
 
 
 async def _run_batch(
-    plugin: StoragePlugin, batch: ReadBatch, reads: Sequence[PieceRead], budget: MemoryBudget, verify: bool
+    plugin: StoragePlugin,
+    batch: ReadBatch,
+    reads: Sequence[PieceRead],
+    budget: MemoryBudget,
+    io_slots: asyncio.Semaphore,
+    verify: bool,
 ) -> None:
     bounce_bytes = sum(r.end - r.start for r in batch.requests if reads[r.tag].direct is None)
     gap_bytes = batch.nbytes - sum(r.end - r.start for r in batch.requests)
@@ -93,7 +99,10 @@ async def _run_batch(
             targets.append((read, target))
             position = request.end
         try:
-            await plugin.read_into(batch.location, batch.start, buffers)
+            # The I/O slot covers the request only: verifying and copying out must not keep
+            # the storage queue shallower than io_concurrency.
+            async with io_slots:
+                await plugin.read_into(batch.location, batch.start, buffers)
         except (EOFError, FileNotFoundError) as exc:
             raise _storage_failure(exc, batch.location, [reads[r.tag] for r in batch.requests]) from exc
 
@@ -107,7 +116,9 @@ async def _run_batch(
         await to_thread(finish)
 
 
-async def _run_streamed(plugin: StoragePlugin, read: PieceRead, budget: MemoryBudget, verify: bool) -> None:
+async def _run_streamed(
+    plugin: StoragePlugin, read: PieceRead, budget: MemoryBudget, io_slots: asyncio.Semaphore, verify: bool
+) -> None:
     """Fetch one large bounce piece in budget-sized sub-ranges, checksumming as it goes."""
     assert read.consume is not None
     start, end = read.piece.byte_range
@@ -119,7 +130,8 @@ async def _run_streamed(plugin: StoragePlugin, read: PieceRead, budget: MemoryBu
         async with budget.reserve(length):
             data = memoryview(bytearray(length))
             try:
-                await plugin.read_into(read.piece.location, offset, [data])
+                async with io_slots:
+                    await plugin.read_into(read.piece.location, offset, [data])
             except (EOFError, FileNotFoundError) as exc:
                 raise _storage_failure(exc, read.piece.location, [read]) from exc
 
@@ -143,8 +155,6 @@ async def read_pieces(
     verify: bool,
 ) -> None:
     """Fetch every piece in ``reads`` into its destination, merging nearby ranges."""
-    import asyncio
-
     threshold = max(budget.total_bytes, MIN_SUBRANGE_BYTES)
     streamed = [r for r in reads if r.direct is None and r.splittable and r.piece.nbytes > threshold]
     streamed_ids = {id(r) for r in streamed}
@@ -155,15 +165,18 @@ async def read_pieces(
     ]
     max_batch_bytes = max(1, min(MAX_BATCH_BYTES, budget.total_bytes))
     batches = plan_read_batches(requests, max_batch_bytes=max_batch_bytes)
-    in_flight = asyncio.Semaphore(io_concurrency)
+    io_slots = asyncio.Semaphore(io_concurrency)
+    # At most two batches per I/O slot wait in line or are being verified, so bounce buffers
+    # are not all allocated up front (the budget limits them too).
+    admitted = asyncio.Semaphore(2 * io_concurrency)
 
-    async def limited_batch(batch: ReadBatch) -> None:
-        async with in_flight:
-            await _run_batch(plugin, batch, reads, budget, verify)
+    async def admitted_batch(batch: ReadBatch) -> None:
+        async with admitted:
+            await _run_batch(plugin, batch, reads, budget, io_slots, verify)
 
-    async def limited_stream(read: PieceRead) -> None:
-        async with in_flight:
-            await _run_streamed(plugin, read, budget, verify)
+    async def admitted_stream(read: PieceRead) -> None:
+        async with admitted:
+            await _run_streamed(plugin, read, budget, io_slots, verify)
 
     empty = [r for r in reads if r.piece.nbytes == 0 and id(r) not in streamed_ids]
     for read in empty:
@@ -171,4 +184,4 @@ async def read_pieces(
             _verify(read, memoryview(b""))
         if read.consume is not None:
             read.consume(0, memoryview(b""))
-    await gather_or_cancel([*(limited_batch(b) for b in batches), *(limited_stream(r) for r in streamed)])
+    await gather_or_cancel([*(admitted_batch(b) for b in batches), *(admitted_stream(r) for r in streamed)])

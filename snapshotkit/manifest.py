@@ -350,7 +350,7 @@ _DECODERS: dict[str, Callable[[str, dict[str, Any]], Entry]] = {
 
 _MISSING = object()
 #: JSON string literal of a str (C-accelerated; raw UTF-8 like the compact encoder below).
-_json_string: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
