@@ -5,6 +5,7 @@ script from rotting (API drift, broken imports, crashed child processes)."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,16 +19,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_local.py"
 
+
+def _load_script_module() -> Any:
+    """bench_local.py as a module (it only runs on ``__main__``), for its system table."""
+    spec = importlib.util.spec_from_file_location("bench_local", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # system -> (module, names) that must import for the system to be benchmarked.
-PACKAGES = {
-    "raw": ("torch", ()),
-    "raw4": ("torch", ()),
-    "torch": ("torch", ()),
-    "dcp": ("torch.distributed.checkpoint", ("save", "load")),
-    "safetensors": ("safetensors.torch", ("save_file", "load_file")),
-    "torchsnapshot": ("torchsnapshot", ("Snapshot", "StateDict")),
-    "snapshotkit": ("snapshotkit", ("Snapshot", "StateDict")),
-}
+PACKAGES: dict[str, tuple[str, tuple[str, ...]]] = _load_script_module()._IMPORTS
 
 
 def _importable(module: str, names: tuple[str, ...]) -> bool:
