@@ -1,11 +1,15 @@
 """URI -> storage plugin.
 
-Resolution order: no scheme or ``file://`` -> the local filesystem plugin; plugins registered
-at runtime with :func:`register_storage_plugin`; then the built-in table.
+Resolution order for ``scheme://...``: plugins registered at runtime with
+:func:`register_storage_plugin`; then the built-in table (a plain path or ``file://`` is the
+local filesystem plugin); then plugins other distributions declare in the entry-point group
+``snapshotkit.storage_plugins`` (name = scheme, value = a factory ``(root, storage_options) ->
+StoragePlugin``, e.g. a plugin class).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -37,6 +41,21 @@ def _memory_factory(root: str, storage_options: Mapping[str, Any]) -> StoragePlu
 
 _BUILTIN: dict[str, StoragePluginFactory] = {"file": _fs_factory, "memory": _memory_factory}
 
+#: Entry-point group third-party distributions declare their storage plugins in.
+ENTRY_POINT_GROUP = "snapshotkit.storage_plugins"
+
+
+def _entry_point_factory(scheme: str) -> StoragePluginFactory | None:
+    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry_point.name.lower() == scheme:
+            factory: StoragePluginFactory = entry_point.load()
+            return factory
+    return None
+
+
+def _entry_point_schemes() -> set[str]:
+    return {ep.name.lower() for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
 
 def register_storage_plugin(scheme: str, factory: StoragePluginFactory) -> None:
     """Serve ``scheme://...`` URIs with ``factory(root, storage_options)``; replaces earlier registrations."""
@@ -65,9 +84,12 @@ def url_to_storage_plugin(uri: str, storage_options: Mapping[str, Any] | None = 
     if factory is None:
         factory = _BUILTIN.get(scheme)
     if factory is None:
-        known = sorted({*_BUILTIN, *_registered})
+        factory = _entry_point_factory(scheme)
+    if factory is None:
+        known = sorted({*_BUILTIN, *_registered, *_entry_point_schemes()})
         raise UnknownStorageSchemeError(
             f"no storage plugin for scheme {scheme!r} in {uri!r}; known schemes: {', '.join(known)}. "
-            "Register one with snapshotkit.storage.register_storage_plugin()"
+            "Register one with snapshotkit.storage.register_storage_plugin(), or install a distribution "
+            f"that declares it in the {ENTRY_POINT_GROUP!r} entry-point group"
         )
     return factory(root, options)
