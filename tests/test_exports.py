@@ -16,6 +16,7 @@ PUBLIC_MODULES = [
     "snapshotkit.stateful",
     "snapshotkit.snapshot",
     "snapshotkit.storage",
+    "snapshotkit.testing",
 ]
 
 

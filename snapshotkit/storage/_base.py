@@ -64,8 +64,10 @@ class StoragePlugin(abc.ABC):
     Contract:
         * Locations are relative ``/``-separated paths below the plugin's root.
         * A missing object raises ``FileNotFoundError``.
-        * A byte range that reaches past the end of the object raises ``EOFError``: a short read
-          is an error, never silent truncation.
+        * A byte range that reaches past the end of the object (``end > size``, empty ranges
+          included) raises ``EOFError``: a short read is an error, never silent truncation.
+        * A location that names no object (a "directory" prefix of other objects included) is a
+          missing object.
         * ``write`` accepts bytes, bytearrays, memoryviews, or a sequence of them (written back to
           back as one object) and does not copy them more than the backend needs.
         * ``write`` replaces an existing object; :meth:`write_exclusive` never does.

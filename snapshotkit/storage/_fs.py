@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -120,29 +121,43 @@ class FSStoragePlugin(StoragePlugin):
     async def write(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
         await to_thread(self._write_blocking, self._path(location), as_buffers(data))
 
-    def _read_blocking(self, location: str, byte_range: ByteRange | None) -> bytes | memoryview:
+    def _open_object(self, location: str) -> tuple[int, int]:
+        """``(fd, size)`` of the regular file behind ``location``; anything else is "no such object"."""
         path = self._path(location)
         try:
-            f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the with below
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except (NotADirectoryError, IsADirectoryError):
             raise FileNotFoundError(errno.ENOENT, "no such object", str(path)) from None
-        with f:
-            if byte_range is None:
-                return f.read()
-            out = bytearray(byte_range.length)
-            _preadv_all(f.fileno(), byte_range.start, [memoryview(out)], location)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a directory: a prefix of objects, not an object
+            os.close(fd)
+            raise FileNotFoundError(errno.ENOENT, "no such object", str(path))
+        return fd, info.st_size
+
+    @staticmethod
+    def _check_range(location: str, start: int, end: int, size: int) -> None:
+        if end > size:
+            raise EOFError(f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)")
+
+    def _read_blocking(self, location: str, byte_range: ByteRange | None) -> bytes | memoryview:
+        fd, size = self._open_object(location)
+        try:
+            start, end = (0, size) if byte_range is None else (byte_range.start, byte_range.end)
+            self._check_range(location, start, end, size)
+            out = bytearray(end - start)
+            _preadv_all(fd, start, [memoryview(out)], location)
             return memoryview(out)
+        finally:
+            os.close(fd)
 
     async def read(self, location: str, byte_range: ByteRange | None = None) -> bytes | memoryview:
         result: bytes | memoryview = await to_thread(self._read_blocking, location, byte_range)
         return result
 
     def _read_into_blocking(self, location: str, start: int, buffers: Sequence[memoryview]) -> None:
+        fd, size = self._open_object(location)
         try:
-            fd = os.open(self._path(location), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except NotADirectoryError:
-            raise FileNotFoundError(errno.ENOENT, "no such object", str(self._path(location))) from None
-        try:
+            self._check_range(location, start, start + sum(b.nbytes for b in buffers), size)
             _preadv_all(fd, start, buffers, location)
         finally:
             os.close(fd)
@@ -182,8 +197,17 @@ class FSStoragePlugin(StoragePlugin):
     async def write_exclusive(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
         await to_thread(self._write_exclusive_blocking, location, as_buffers(data))
 
+    def _delete_blocking(self, location: str) -> None:
+        path = self._path(location)
+        try:
+            os.unlink(path)
+        except (NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+            if isinstance(exc, PermissionError) and not path.is_dir():
+                raise
+            raise FileNotFoundError(errno.ENOENT, "no such object", str(path)) from None
+
     async def delete(self, location: str) -> None:
-        await to_thread(os.unlink, self._path(location))
+        await to_thread(self._delete_blocking, location)
 
     def _list_blocking(self, prefix: str) -> list[str]:
         base = self.root
