@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._base import ByteRange, Capabilities, StoragePlugin
 from ._fs import FSStoragePlugin
+from ._fsspec import FsspecStoragePlugin
 from ._memory import MemoryStoragePlugin
 from ._registry import StoragePluginFactory, register_storage_plugin, url_to_storage_plugin
 
@@ -11,6 +12,7 @@ __all__ = [
     "ByteRange",
     "Capabilities",
     "FSStoragePlugin",
+    "FsspecStoragePlugin",
     "MemoryStoragePlugin",
     "StoragePlugin",
     "StoragePluginFactory",

@@ -4,7 +4,8 @@ Resolution order for ``scheme://...``: plugins registered at runtime with
 :func:`register_storage_plugin`; then the built-in table (a plain path or ``file://`` is the
 local filesystem plugin); then plugins other distributions declare in the entry-point group
 ``snapshotkit.storage_plugins`` (name = scheme, value = a factory ``(root, storage_options) ->
-StoragePlugin``, e.g. a plugin class).
+StoragePlugin``, e.g. a plugin class); then any scheme fsspec knows, through the generic fsspec
+plugin.
 """
 
 from __future__ import annotations
@@ -86,10 +87,16 @@ def url_to_storage_plugin(uri: str, storage_options: Mapping[str, Any] | None = 
     if factory is None:
         factory = _entry_point_factory(scheme)
     if factory is None:
+        from ._fsspec import FsspecStoragePlugin, fsspec_knows
+
+        if fsspec_knows(scheme):
+            return FsspecStoragePlugin(scheme, root, options)
+    if factory is None:
         known = sorted({*_BUILTIN, *_registered, *_entry_point_schemes()})
         raise UnknownStorageSchemeError(
             f"no storage plugin for scheme {scheme!r} in {uri!r}; known schemes: {', '.join(known)}. "
-            "Register one with snapshotkit.storage.register_storage_plugin(), or install a distribution "
-            f"that declares it in the {ENTRY_POINT_GROUP!r} entry-point group"
+            "Register one with snapshotkit.storage.register_storage_plugin(), install a distribution "
+            f"that declares it in the {ENTRY_POINT_GROUP!r} entry-point group, or install fsspec "
+            "(pip install fsspec) and the fsspec implementation of that scheme"
         )
     return factory(root, options)

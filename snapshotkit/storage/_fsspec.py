@@ -1,0 +1,121 @@
+"""The generic fsspec plugin: any scheme fsspec knows (``local://``, ``ftp://``, ``sftp://``, ...).
+
+A fallback for schemes with no dedicated plugin. It speaks fsspec's synchronous API on the
+snapshotkit thread pool; writes stream the caller's buffers into one file without joining them.
+``write_exclusive`` checks then writes, so the commit marker is exclusive only in the absence of
+a concurrent writer (``capabilities.atomic_exclusive_write`` is False).
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._async import to_thread
+from ..errors import StorageError
+from ._base import ByteRange, Capabilities, StoragePlugin, as_buffers
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+
+def fsspec_knows(scheme: str) -> bool:
+    """Whether fsspec is installed and has an implementation registered for ``scheme``."""
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:
+        return False
+    return scheme in known_implementations or scheme in registry
+
+
+class FsspecStoragePlugin(StoragePlugin):
+    """Objects as files of an fsspec filesystem below ``root``."""
+
+    capabilities = Capabilities(listing=True)
+
+    def __init__(self, protocol: str, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        try:
+            import fsspec
+        except ImportError:  # pragma: no cover - the registry only routes here when fsspec imports
+            raise StorageError(f"the {protocol!r} scheme needs fsspec: pip install fsspec") from None
+        self.protocol = protocol
+        self.root = root.rstrip("/")
+        self._fs = fsspec.filesystem(protocol, **dict(storage_options or {}))
+
+    def _path(self, location: str) -> str:
+        return f"{self.root}/{location}"
+
+    def _missing(self, location: str) -> FileNotFoundError:
+        return FileNotFoundError(errno.ENOENT, "no such object", f"{self.protocol}://{self._path(location)}")
+
+    def _size(self, location: str) -> int:
+        try:
+            info = self._fs.info(self._path(location))
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._missing(location) from None
+        if info.get("type") != "file":  # a directory or prefix of other objects
+            raise self._missing(location)
+        return int(info["size"])
+
+    def _write_blocking(self, location: str, buffers: list[memoryview]) -> None:
+        path = self._path(location)
+        parent = self._fs._parent(path)
+        if parent:
+            self._fs.makedirs(parent, exist_ok=True)
+        with self._fs.open(path, "wb") as f:
+            for buffer in buffers:
+                f.write(buffer)
+
+    async def write(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
+        await to_thread(self._write_blocking, location, as_buffers(data))
+
+    def _read_blocking(self, location: str, byte_range: ByteRange | None) -> bytes:
+        size = self._size(location)
+        start, end = (0, size) if byte_range is None else (byte_range.start, byte_range.end)
+        if end > size:
+            raise EOFError(f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)")
+        if start == end:
+            return b""
+        data = bytes(self._fs.cat_file(self._path(location), start=start, end=end))
+        if len(data) != end - start:
+            raise EOFError(f"{location}: read {len(data)} bytes of range [{start}, {end})")
+        return data
+
+    async def read(self, location: str, byte_range: ByteRange | None = None) -> bytes | memoryview:
+        data: bytes = await to_thread(self._read_blocking, location, byte_range)
+        return data
+
+    def _delete_blocking(self, location: str) -> None:
+        self._size(location)  # raises FileNotFoundError unless it is an object
+        self._fs.rm_file(self._path(location))
+
+    async def delete(self, location: str) -> None:
+        await to_thread(self._delete_blocking, location)
+
+    def _exists_blocking(self, location: str) -> bool:
+        try:
+            self._size(location)
+        except FileNotFoundError:
+            return False
+        return True
+
+    async def exists(self, location: str) -> bool:
+        found: bool = await to_thread(self._exists_blocking, location)
+        return found
+
+    def _list_blocking(self, prefix: str) -> list[str]:
+        try:
+            paths = self._fs.find(self.root)
+        except FileNotFoundError:
+            return []
+        base = self._fs._strip_protocol(self.root).rstrip("/") + "/"
+        relative = (p[len(base) :] for p in paths if p.startswith(base))
+        return sorted(r for r in relative if r.startswith(prefix))
+
+    async def list(self, prefix: str = "") -> list[str]:
+        found: list[str] = await to_thread(self._list_blocking, prefix)
+        return found
+
+    async def close(self) -> None:
+        return None
