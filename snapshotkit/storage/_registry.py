@@ -40,7 +40,33 @@ def _memory_factory(root: str, storage_options: Mapping[str, Any]) -> StoragePlu
     return MemoryStoragePlugin(root)
 
 
-_BUILTIN: dict[str, StoragePluginFactory] = {"file": _fs_factory, "memory": _memory_factory}
+def _gcs_factory(root: str, storage_options: Mapping[str, Any]) -> StoragePlugin:
+    try:
+        from ._gcs import GCSStoragePlugin
+    except ImportError as exc:
+        from ..errors import StorageError
+
+        raise StorageError(f'the gs:// scheme needs gcsfs ({exc}): pip install "snapshotkit[gcs]"') from exc
+    return GCSStoragePlugin(root, storage_options)
+
+
+def _s3_factory(root: str, storage_options: Mapping[str, Any]) -> StoragePlugin:
+    try:
+        from ._s3 import S3StoragePlugin
+    except ImportError as exc:
+        from ..errors import StorageError
+
+        raise StorageError(f'the s3:// scheme needs s3fs ({exc}): pip install "snapshotkit[s3]"') from exc
+    return S3StoragePlugin(root, storage_options)
+
+
+_BUILTIN: dict[str, StoragePluginFactory] = {
+    "file": _fs_factory,
+    "memory": _memory_factory,
+    "gs": _gcs_factory,
+    "gcs": _gcs_factory,
+    "s3": _s3_factory,
+}
 
 #: Entry-point group third-party distributions declare their storage plugins in.
 ENTRY_POINT_GROUP = "snapshotkit.storage_plugins"
