@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._async import to_thread
-from ..errors import StorageError
+from ..errors import ConfigError, StorageError
 from ._base import ByteRange, Capabilities, StoragePlugin, as_buffers
 
 if TYPE_CHECKING:
@@ -75,14 +75,14 @@ class S3StoragePlugin(StoragePlugin):
         self.part_size_bytes = int(options.pop("part_size_bytes", DEFAULT_PART_SIZE_BYTES))
         self.max_concurrency = int(options.pop("max_concurrency", DEFAULT_MAX_CONCURRENCY))
         if self.part_size_bytes < MIN_PART_SIZE_BYTES:
-            raise ValueError(f"part_size_bytes must be at least {MIN_PART_SIZE_BYTES} (S3's minimum part size)")
+            raise ConfigError(f"part_size_bytes must be at least {MIN_PART_SIZE_BYTES} (S3's minimum part size)")
         if self.max_concurrency < 1:
-            raise ValueError("max_concurrency must be at least 1")
+            raise ConfigError("max_concurrency must be at least 1")
         # No listing cache: another writer (or this plugin's own low-level calls) would make it stale.
         options.setdefault("use_listings_cache", False)
         bucket, _, prefix = root.strip("/").partition("/")
         if not bucket:
-            raise ValueError(f"S3 root {root!r} names no bucket (expected s3://bucket[/prefix])")
+            raise ConfigError(f"S3 root {root!r} names no bucket (expected s3://bucket[/prefix])")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self._fs = s3fs.S3FileSystem(**options)
