@@ -34,14 +34,24 @@ class FsspecStoragePlugin(StoragePlugin):
 
     capabilities = Capabilities(listing=True)
 
-    def __init__(self, protocol: str, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        try:
-            import fsspec
-        except ImportError:  # pragma: no cover - the registry only routes here when fsspec imports
-            raise StorageError(f"the {protocol!r} scheme needs fsspec: pip install fsspec") from None
+    def __init__(
+        self,
+        protocol: str,
+        root: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        filesystem: Any | None = None,
+    ) -> None:
+        """``filesystem``: an fsspec filesystem built by a subclass (then ``storage_options`` is unused)."""
+        if filesystem is None:
+            try:
+                import fsspec
+            except ImportError:  # pragma: no cover - the registry only routes here when fsspec imports
+                raise StorageError(f"the {protocol!r} scheme needs fsspec: pip install fsspec") from None
+            filesystem = fsspec.filesystem(protocol, **dict(storage_options or {}))
         self.protocol = protocol
         self.root = root.rstrip("/")
-        self._fs = fsspec.filesystem(protocol, **dict(storage_options or {}))
+        self._fs = filesystem
 
     def _path(self, location: str) -> str:
         return f"{self.root}/{location}"
@@ -63,9 +73,12 @@ class FsspecStoragePlugin(StoragePlugin):
         parent = self._fs._parent(path)
         if parent:
             self._fs.makedirs(parent, exist_ok=True)
-        with self._fs.open(path, "wb") as f:
-            for buffer in buffers:
-                f.write(buffer)
+        try:
+            with self._fs.open(path, "wb") as f:
+                for buffer in buffers:
+                    f.write(buffer)
+        finally:
+            self._fs.invalidate_cache(path)
 
     async def write(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
         await to_thread(self._write_blocking, location, as_buffers(data))
@@ -77,7 +90,10 @@ class FsspecStoragePlugin(StoragePlugin):
             raise EOFError(f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)")
         if start == end:
             return b""
-        data = bytes(self._fs.cat_file(self._path(location), start=start, end=end))
+        try:
+            data = bytes(self._fs.cat_file(self._path(location), start=start, end=end))
+        except FileNotFoundError:  # deleted between info and read
+            raise self._missing(location) from None
         if len(data) != end - start:
             raise EOFError(f"{location}: read {len(data)} bytes of range [{start}, {end})")
         return data
@@ -88,7 +104,11 @@ class FsspecStoragePlugin(StoragePlugin):
 
     def _delete_blocking(self, location: str) -> None:
         self._size(location)  # raises FileNotFoundError unless it is an object
-        self._fs.rm_file(self._path(location))
+        path = self._path(location)
+        try:
+            self._fs.rm_file(path)
+        finally:
+            self._fs.invalidate_cache(path)
 
     async def delete(self, location: str) -> None:
         await to_thread(self._delete_blocking, location)
@@ -105,8 +125,10 @@ class FsspecStoragePlugin(StoragePlugin):
         return found
 
     def _list_blocking(self, prefix: str) -> list[str]:
+        # List below the deepest "directory" of the prefix, then filter on the full prefix.
+        directory = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         try:
-            paths = self._fs.find(self.root)
+            paths = self._fs.find(f"{self.root}/{directory}" if directory else self.root)
         except FileNotFoundError:
             return []
         base = self._fs._strip_protocol(self.root).rstrip("/") + "/"

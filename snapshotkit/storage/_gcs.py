@@ -18,14 +18,14 @@ exists, atomically, so ``capabilities.atomic_exclusive_write`` is True.
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._async import to_thread
 from ..errors import StorageError
-from ._base import ByteRange, Capabilities, StoragePlugin, as_buffers
+from ._base import Capabilities, as_buffers
+from ._fsspec import FsspecStoragePlugin
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -42,14 +42,18 @@ DEFAULT_BLOCK_SIZE = 16 * 1024 * 1024
 _CHUNK_QUANTUM = 256 * 1024
 
 
-class GCSStoragePlugin(StoragePlugin):
-    """Objects of a GCS bucket below ``root`` (``"bucket"`` or ``"bucket/prefix"``)."""
+class GCSStoragePlugin(FsspecStoragePlugin):
+    """Objects of a GCS bucket below ``root`` (``"bucket"`` or ``"bucket/prefix"``).
+
+    Reads, deletes, listing and ``close`` are the generic fsspec plugin's; GCS adds single-request
+    or resumable writes by size and a create-only commit marker.
+    """
 
     capabilities = Capabilities(atomic_exclusive_write=True, listing=True)
 
     def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        self.root = root.strip("/")
-        if not self.root or self.root.split("/", 1)[0] == "":
+        root = root.strip("/")
+        if not root or root.split("/", 1)[0] == "":
             raise StorageError(f"gs:// URI needs a bucket: gs://{root!r}")
         options = dict(storage_options or {})
         options.setdefault("use_listings_cache", False)
@@ -59,22 +63,9 @@ class GCSStoragePlugin(StoragePlugin):
         if block_size <= 0 or block_size % _CHUNK_QUANTUM:
             raise StorageError(f"GCS block_size must be a positive multiple of 256 KiB, got {block_size}")
         self.block_size = block_size
-        self._fs = gcsfs.GCSFileSystem(**options)
-
-    def _path(self, location: str) -> str:
-        return f"{self.root}/{location}"
-
-    def _missing(self, location: str) -> FileNotFoundError:
-        return FileNotFoundError(errno.ENOENT, "no such object", f"gs://{self._path(location)}")
-
-    def _size(self, location: str) -> int:
-        try:
-            info = self._fs.info(self._path(location))
-        except (FileNotFoundError, NotADirectoryError):
-            raise self._missing(location) from None
-        if info.get("type") != "file":  # a prefix of other objects ("directory")
-            raise self._missing(location)
-        return int(info["size"])
+        # gcsfs instances are shared (fsspec caches them by options) and own their HTTP session
+        # on gcsfs's I/O loop, which cleans it up at exit: close() leaves them alone.
+        super().__init__("gs", root, filesystem=gcsfs.GCSFileSystem(**options))
 
     # ----------------------------------------------------------------- write
 
@@ -93,9 +84,6 @@ class GCSStoragePlugin(StoragePlugin):
         finally:
             self._fs.invalidate_cache(path)
 
-    async def write(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
-        await to_thread(self._write_blocking, location, as_buffers(data))
-
     def _write_exclusive_blocking(self, location: str, buffers: list[memoryview]) -> None:
         path = self._path(location)
         data = buffers[0] if len(buffers) == 1 else b"".join(buffers)
@@ -107,68 +95,3 @@ class GCSStoragePlugin(StoragePlugin):
 
     async def write_exclusive(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
         await to_thread(self._write_exclusive_blocking, location, as_buffers(data))
-
-    # ----------------------------------------------------------------- read
-
-    def _read_blocking(self, location: str, byte_range: ByteRange | None) -> bytes:
-        size = self._size(location)
-        start, end = (0, size) if byte_range is None else (byte_range.start, byte_range.end)
-        if end > size:
-            raise EOFError(f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)")
-        if start == end:
-            return b""
-        try:
-            data = bytes(self._fs.cat_file(self._path(location), start=start, end=end))
-        except FileNotFoundError:  # deleted between info and read
-            raise self._missing(location) from None
-        if len(data) != end - start:
-            raise EOFError(f"{location}: read {len(data)} bytes of range [{start}, {end})")
-        return data
-
-    async def read(self, location: str, byte_range: ByteRange | None = None) -> bytes | memoryview:
-        data: bytes = await to_thread(self._read_blocking, location, byte_range)
-        return data
-
-    # ----------------------------------------------------------------- delete, exists, list
-
-    def _delete_blocking(self, location: str) -> None:
-        self._size(location)  # raises FileNotFoundError unless it is an object
-        path = self._path(location)
-        try:
-            self._fs.rm_file(path)
-        finally:
-            self._fs.invalidate_cache(path)
-
-    async def delete(self, location: str) -> None:
-        await to_thread(self._delete_blocking, location)
-
-    def _exists_blocking(self, location: str) -> bool:
-        try:
-            self._size(location)
-        except FileNotFoundError:
-            return False
-        return True
-
-    async def exists(self, location: str) -> bool:
-        found: bool = await to_thread(self._exists_blocking, location)
-        return found
-
-    def _list_blocking(self, prefix: str) -> list[str]:
-        # List below the deepest "directory" of the prefix, then filter on the full prefix.
-        directory = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        base = self.root + "/"
-        try:
-            paths = self._fs.find(base + directory if directory else self.root)
-        except FileNotFoundError:
-            return []
-        relative = (p[len(base) :] for p in paths if p.startswith(base))
-        return sorted(r for r in relative if r.startswith(prefix))
-
-    async def list(self, prefix: str = "") -> list[str]:
-        found: list[str] = await to_thread(self._list_blocking, prefix)
-        return found
-
-    async def close(self) -> None:
-        # gcsfs instances are shared (fsspec caches them by options) and own their HTTP session
-        # on gcsfs's I/O loop, which cleans it up at exit; closing here would break other users.
-        return None
