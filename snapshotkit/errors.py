@@ -21,7 +21,10 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     ├── UnsupportedValueError          (TypeError)          a leaf snapshotkit cannot store
     ├── ConfigError                    (ValueError)         bad argument or SNAPSHOTKIT_* variable
     └── StorageError                   (OSError)            a storage plugin failed
-        └── UnknownStorageSchemeError  (ValueError)         no plugin for a URI scheme
+        ├── UnknownStorageSchemeError  (ValueError)         no plugin for a URI scheme
+        ├── StoragePermissionError     (PermissionError)    credentials refused (403): not retried
+        ├── BucketNotFoundError        (FileNotFoundError)  the bucket does not exist: not retried
+        └── RetriesExhaustedError                           transient failures outlasted the retries
 
 Messages say what was wrong, the offending value, and what to do next.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import pickle
 
 __all__ = [
+    "BucketNotFoundError",
     "ChecksumMismatchError",
     "ConfigError",
     "IncompleteSnapshotError",
@@ -38,11 +42,13 @@ __all__ = [
     "InvalidAppStateError",
     "LogicalPathNotFoundError",
     "ManifestError",
+    "RetriesExhaustedError",
     "SnapshotExistsError",
     "SnapshotNotFoundError",
     "SnapshotkitError",
     "StateMismatchError",
     "StorageError",
+    "StoragePermissionError",
     "TruncatedDataError",
     "UnknownStorageSchemeError",
     "UnsafeLocationError",
@@ -134,3 +140,15 @@ class StorageError(SnapshotkitError, OSError):
 
 class UnknownStorageSchemeError(StorageError, ValueError):
     """No storage plugin handles the URI's scheme."""
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """The storage service refused the credentials or the request (HTTP 403); never retried."""
+
+
+class BucketNotFoundError(StorageError, FileNotFoundError):
+    """The bucket named in the URI does not exist; never retried."""
+
+
+class RetriesExhaustedError(StorageError):
+    """A request kept failing transiently (resets, 5xx, throttling) until its retries ran out."""

@@ -17,6 +17,7 @@ from ._read_pipeline import read_pieces
 from ._restore import close_matches, plan_restore, rank_view, subtree
 from ._take import collect_state, execute_take, plan_take, validate_app_state
 from .errors import (
+    BucketNotFoundError,
     IncompleteSnapshotError,
     LogicalPathNotFoundError,
     ManifestError,
@@ -145,6 +146,8 @@ class Snapshot:
         try:
             try:
                 text = await plugin.read(METADATA_FILENAME)
+            except BucketNotFoundError:
+                raise
             except FileNotFoundError:
                 leftovers: list[str] = []
                 if plugin.capabilities.listing:

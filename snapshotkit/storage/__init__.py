@@ -7,6 +7,7 @@ from ._fs import FSStoragePlugin
 from ._fsspec import FsspecStoragePlugin
 from ._memory import MemoryStoragePlugin
 from ._registry import StoragePluginFactory, register_storage_plugin, url_to_storage_plugin
+from ._retry import RetryPolicy
 
 __all__ = [
     "ByteRange",
@@ -14,6 +15,7 @@ __all__ = [
     "FSStoragePlugin",
     "FsspecStoragePlugin",
     "MemoryStoragePlugin",
+    "RetryPolicy",
     "StoragePlugin",
     "StoragePluginFactory",
     "register_storage_plugin",

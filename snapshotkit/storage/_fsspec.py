@@ -9,15 +9,20 @@ a concurrent writer (``capabilities.atomic_exclusive_write`` is False).
 from __future__ import annotations
 
 import errno
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._async import to_thread
-from ..errors import StorageError
+from ..errors import BucketNotFoundError, StorageError, StoragePermissionError
 from ._base import ByteRange, Capabilities, StoragePlugin, as_buffers
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+T = TypeVar("T")
+
+#: Errors that are part of the plugin contract and pass through unchanged.
+_CONTRACT_ERRORS = (FileNotFoundError, FileExistsError, EOFError, StorageError)
 
 
 def fsspec_knows(scheme: str) -> bool:
@@ -56,6 +61,28 @@ class FsspecStoragePlugin(StoragePlugin):
     def _path(self, location: str) -> str:
         return f"{self.root}/{location}"
 
+    def _map_error(self, exc: Exception, describe: str) -> BaseException | None:
+        """The snapshotkit error for a backend failure, or None to let it propagate unchanged.
+
+        Subclasses extend this with their backend's permission and availability errors.
+        """
+        if isinstance(exc, PermissionError):
+            return StoragePermissionError(f"{describe}: permission denied ({exc}); check the credentials")
+        return None
+
+    async def _run(self, describe: str, location: str, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` on the thread pool, backend errors mapped by :meth:`_map_error`."""
+        try:
+            result: T = await to_thread(function, *args)
+        except _CONTRACT_ERRORS:
+            raise
+        except Exception as exc:
+            mapped = self._map_error(exc, f"{describe} {self.protocol}://{self._path(location)}")
+            if mapped is None:
+                raise
+            raise mapped from exc
+        return result
+
     def _missing(self, location: str) -> FileNotFoundError:
         return FileNotFoundError(errno.ENOENT, "no such object", f"{self.protocol}://{self._path(location)}")
 
@@ -81,7 +108,7 @@ class FsspecStoragePlugin(StoragePlugin):
             self._fs.invalidate_cache(path)
 
     async def write(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
-        await to_thread(self._write_blocking, location, as_buffers(data))
+        await self._run("write", location, self._write_blocking, location, as_buffers(data))
 
     def _read_blocking(self, location: str, byte_range: ByteRange | None) -> bytes:
         size = self._size(location)
@@ -99,7 +126,7 @@ class FsspecStoragePlugin(StoragePlugin):
         return data
 
     async def read(self, location: str, byte_range: ByteRange | None = None) -> bytes | memoryview:
-        data: bytes = await to_thread(self._read_blocking, location, byte_range)
+        data: bytes = await self._run("read", location, self._read_blocking, location, byte_range)
         return data
 
     def _delete_blocking(self, location: str) -> None:
@@ -111,17 +138,19 @@ class FsspecStoragePlugin(StoragePlugin):
             self._fs.invalidate_cache(path)
 
     async def delete(self, location: str) -> None:
-        await to_thread(self._delete_blocking, location)
+        await self._run("delete", location, self._delete_blocking, location)
 
     def _exists_blocking(self, location: str) -> bool:
         try:
             self._size(location)
+        except BucketNotFoundError:
+            raise
         except FileNotFoundError:
             return False
         return True
 
     async def exists(self, location: str) -> bool:
-        found: bool = await to_thread(self._exists_blocking, location)
+        found: bool = await self._run("exists", location, self._exists_blocking, location)
         return found
 
     def _list_blocking(self, prefix: str) -> list[str]:
@@ -136,7 +165,7 @@ class FsspecStoragePlugin(StoragePlugin):
         return sorted(r for r in relative if r.startswith(prefix))
 
     async def list(self, prefix: str = "") -> list[str]:
-        found: list[str] = await to_thread(self._list_blocking, prefix)
+        found: list[str] = await self._run("list", prefix, self._list_blocking, prefix)
         return found
 
     async def close(self) -> None:

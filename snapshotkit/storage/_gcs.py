@@ -22,8 +22,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._async import to_thread
-from ..errors import StorageError
+from ..errors import BucketNotFoundError, StorageError, StoragePermissionError
 from ._base import Capabilities, as_buffers
 from ._fsspec import FsspecStoragePlugin
 
@@ -66,6 +65,34 @@ class GCSStoragePlugin(FsspecStoragePlugin):
         # gcsfs instances are shared (fsspec caches them by options) and own their HTTP session
         # on gcsfs's I/O loop, which cleans it up at exit: close() leaves them alone.
         super().__init__("gs", root, filesystem=gcsfs.GCSFileSystem(**options))
+        self.bucket = root.split("/", 1)[0]
+        self._bucket_exists = False
+
+    # ----------------------------------------------------------------- errors
+
+    def _map_error(self, exc: Exception, describe: str) -> BaseException | None:
+        # gcsfs raises OSError("Forbidden: ...") for 403 and HttpError(code=401) for refused tokens.
+        code = getattr(exc, "code", None)
+        if code in (401, 403) or str(exc).startswith("Forbidden"):
+            reason = " ".join(str(exc).split())
+            return StoragePermissionError(
+                f"{describe}: access denied ({reason}). Check the credentials (storage_options token/project, "
+                "GOOGLE_APPLICATION_CREDENTIALS, or gcloud auth application-default login) and the bucket's IAM"
+            )
+        return super()._map_error(exc, describe)
+
+    def _missing(self, location: str) -> FileNotFoundError:
+        """A missing object, or a missing bucket (a 404 alone does not say which; asked once)."""
+        if not self._bucket_exists:
+            try:
+                self._fs.call("GET", "b/{}", self.bucket, json_out=True)
+            except FileNotFoundError:
+                endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "GCS"
+                return BucketNotFoundError(
+                    f"gs://{self.bucket}: the bucket does not exist ({endpoint}); create it first or fix the URI"
+                )
+            self._bucket_exists = True
+        return super()._missing(location)
 
     # ----------------------------------------------------------------- write
 
@@ -81,6 +108,8 @@ class GCSStoragePlugin(FsspecStoragePlugin):
                 with self._fs.open(path, "wb", block_size=self.block_size) as f:
                     for buffer in buffers:
                         f.write(buffer)
+        except FileNotFoundError:  # an upload can only miss its bucket
+            raise self._missing(location) from None
         finally:
             self._fs.invalidate_cache(path)
 
@@ -94,4 +123,4 @@ class GCSStoragePlugin(FsspecStoragePlugin):
             self._fs.invalidate_cache(path)
 
     async def write_exclusive(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
-        await to_thread(self._write_exclusive_blocking, location, as_buffers(data))
+        await self._run("create", location, self._write_exclusive_blocking, location, as_buffers(data))

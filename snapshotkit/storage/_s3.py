@@ -12,6 +12,21 @@ Storage options are passed to :class:`s3fs.S3FileSystem` (``endpoint_url``, ``ke
 
 * ``part_size_bytes`` (default 16 MiB, at least 5 MiB): multipart threshold and part size.
 * ``max_concurrency`` (default 4): parts of one object uploaded at once.
+* ``retry`` (a :class:`~snapshotkit.storage.RetryPolicy`, a dict of its fields, or an int
+  ``max_attempts``): how transient failures are retried (default: 6 attempts, backoff from 0.2 s
+  up to 10 s with full jitter, no retry later than 120 s after the first attempt).
+
+Every request is one idempotent call retried by the plugin's policy: connection resets and
+timeouts, HTTP 5xx and 429, and the S3 codes ``SlowDown``, ``InternalError``,
+``ServiceUnavailable``, ``RequestTimeout`` and friends. botocore's and s3fs's own retries are
+switched off (unless ``config_kwargs`` sets ``retries``) so attempts never multiply. Refused
+credentials (``AccessDenied``, ``InvalidAccessKeyId``, ``SignatureDoesNotMatch``, any 403) raise
+:class:`~snapshotkit.errors.StoragePermissionError` and a missing bucket
+:class:`~snapshotkit.errors.BucketNotFoundError`, at once.
+
+The plugin's filesystems are a private ``S3FileSystem`` subclass, so fsspec shares them only
+between snapshotkit plugins with equal options and their settings never leak into other users
+of s3fs in the process.
 """
 
 from __future__ import annotations
@@ -19,12 +34,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._async import to_thread
-from ..errors import ConfigError, StorageError
+from ..errors import BucketNotFoundError, ConfigError, StorageError, StoragePermissionError
 from ._base import ByteRange, Capabilities, StoragePlugin, as_buffers
+from ._retry import RetryPolicy, call_with_retries, is_transient_connection_error
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -34,17 +51,64 @@ MIN_PART_SIZE_BYTES = 5 * 1024 * 1024  # S3 rejects smaller parts (except the la
 MAX_PARTS = 10_000
 DEFAULT_MAX_CONCURRENCY = 4
 
+T = TypeVar("T")
 
-def _error_code(exc: BaseException) -> str | None:
-    """The S3 error code behind an exception s3fs translated from a botocore ``ClientError``."""
+
+#: S3 error codes of failures that may succeed when retried.
+TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "TooManyRequests",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "RequestThrottled",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        "OperationAborted",
+    }
+)
+#: S3 error codes of refused credentials or permissions.
+PERMISSION_CODES = frozenset(
+    {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "403"}
+)
+
+
+def _response(exc: BaseException) -> dict[str, Any] | None:
+    """The botocore response behind an exception s3fs translated from a ``ClientError``."""
     seen: BaseException | None = exc
     while seen is not None:
         response = getattr(seen, "response", None)
         if isinstance(response, dict):
-            code = response.get("Error", {}).get("Code")
-            return str(code) if code is not None else None
+            return response
         seen = seen.__cause__
     return None
+
+
+def _error_code(exc: BaseException) -> str | None:
+    """The S3 error code behind ``exc``, if it came from an S3 error response."""
+    response = _response(exc)
+    code = response.get("Error", {}).get("Code") if response else None
+    return str(code) if code is not None else None
+
+
+def _http_status(exc: BaseException) -> int | None:
+    response = _response(exc)
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") if response else None
+    return int(status) if status is not None else None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an S3 request that raised ``exc`` may succeed when retried."""
+    if is_transient_connection_error(exc):
+        return True
+    status = _http_status(exc)
+    return _error_code(exc) in TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429))
 
 
 def _join(buffers: list[memoryview], start: int, end: int) -> bytes:
@@ -59,6 +123,12 @@ def _join(buffers: list[memoryview], start: int, end: int) -> bytes:
         if offset >= end:
             break
     return b"".join(pieces)
+
+
+@functools.cache
+def _filesystem_class(base: type[Any]) -> type[Any]:
+    """``s3fs.S3FileSystem`` with s3fs's own retry loop reduced to one attempt (the plugin retries)."""
+    return type("SnapshotkitS3FileSystem", (base,), {"retries": 1, "__module__": __name__})
 
 
 class S3StoragePlugin(StoragePlugin):
@@ -78,14 +148,20 @@ class S3StoragePlugin(StoragePlugin):
             raise ConfigError(f"part_size_bytes must be at least {MIN_PART_SIZE_BYTES} (S3's minimum part size)")
         if self.max_concurrency < 1:
             raise ConfigError("max_concurrency must be at least 1")
+        self.retry = RetryPolicy.from_option(options.pop("retry", None))
         # No listing cache: another writer (or this plugin's own low-level calls) would make it stale.
         options.setdefault("use_listings_cache", False)
+        # The plugin retries each request itself; botocore's own retries would multiply attempts.
+        config = dict(options.pop("config_kwargs", None) or {})
+        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+        options["config_kwargs"] = config
         bucket, _, prefix = root.strip("/").partition("/")
         if not bucket:
             raise ConfigError(f"S3 root {root!r} names no bucket (expected s3://bucket[/prefix])")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self._fs = s3fs.S3FileSystem(**options)
+        self._fs = _filesystem_class(s3fs.S3FileSystem)(**options)
+        self._bucket_exists = False
         self._closed = False
 
     # ----------------------------------------------------------------- helpers
@@ -96,15 +172,55 @@ class S3StoragePlugin(StoragePlugin):
     def _uri(self, location: str) -> str:
         return f"s3://{self.bucket}/{self._key(location)}"
 
+    def _attempt(self, describe: str, function: Callable[[], T]) -> T:
+        """Run one request under the retry policy; map refused credentials and missing buckets."""
+        try:
+            return call_with_retries(function, describe=describe, policy=self.retry, is_transient=is_transient)
+        except (StoragePermissionError, BucketNotFoundError):
+            raise
+        except Exception as exc:
+            code = _error_code(exc)
+            if code == "NoSuchBucket":
+                raise self._no_bucket(describe) from exc
+            if code in PERMISSION_CODES or _http_status(exc) == 403 or isinstance(exc, PermissionError):
+                raise StoragePermissionError(
+                    f"{describe}: access denied ({code or type(exc).__name__}: {exc}). Check the credentials "
+                    "(storage_options key/secret/token, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_PROFILE) "
+                    "and that they may read and write this bucket"
+                ) from exc
+            raise
+
+    def _no_bucket(self, describe: str) -> BucketNotFoundError:
+        where = f" at {self._fs.endpoint_url}" if self._fs.endpoint_url else ""
+        return BucketNotFoundError(
+            f"{describe}: the bucket {self.bucket!r} does not exist{where}; create it first, or fix the URI "
+            "(s3://bucket/prefix) or the endpoint_url storage option"
+        )
+
     def _missing(self, location: str) -> FileNotFoundError:
+        """The error for a missing object, or for its missing bucket (a HEAD 404 does not say which)."""
+        if not self._bucket_exists:
+            try:
+                self._attempt(f"HEAD s3://{self.bucket}", lambda: self._fs.call_s3("head_bucket", Bucket=self.bucket))
+            except FileNotFoundError:
+                return self._no_bucket(f"s3://{self.bucket}")
+            self._bucket_exists = True
         return FileNotFoundError(errno.ENOENT, "no such object", self._uri(location))
 
-    def _call(self, method: str, location: str, **kwargs: Any) -> Any:
-        """``fs.call_s3(method, Bucket=..., Key=...)``, mapping a missing object to FileNotFoundError."""
+    def _on_object(self, location: str, describe: str, function: Callable[[], T]) -> T:
+        """One request about ``location`` with retries; a missing object raises FileNotFoundError."""
         try:
-            return self._fs.call_s3(method, Bucket=self.bucket, Key=self._key(location), **kwargs)
+            return self._attempt(f"{describe} {self._uri(location)}", function)
+        except BucketNotFoundError:
+            raise
         except FileNotFoundError:
             raise self._missing(location) from None
+
+    def _call(self, method: str, location: str, **kwargs: Any) -> Any:
+        """``fs.call_s3(method, Bucket=..., Key=...)`` under :meth:`_on_object`."""
+        return self._on_object(
+            location, method, lambda: self._fs.call_s3(method, Bucket=self.bucket, Key=self._key(location), **kwargs)
+        )
 
     def _size(self, location: str) -> int:
         # HeadObject names exactly one key: a "directory" prefix of other objects is missing.
@@ -114,15 +230,26 @@ class S3StoragePlugin(StoragePlugin):
     # ----------------------------------------------------------------- write
 
     def _put_blocking(self, location: str, body: bytes, exclusive: bool) -> None:
-        extra = {"IfNoneMatch": "*"} if exclusive else {}
+        if not exclusive:
+            self._call("put_object", location, Body=body)
+            return
         try:
-            self._call("put_object", location, Body=body, **extra)
-        except FileExistsError:
-            raise FileExistsError(errno.EEXIST, "object exists", self._uri(location)) from None
+            self._call("put_object", location, Body=body, IfNoneMatch="*")
         except OSError as exc:
-            if exclusive and _error_code(exc) in {"PreconditionFailed", "412", "ConditionalRequestConflict"}:
-                raise FileExistsError(errno.EEXIST, "object exists", self._uri(location)) from None
-            raise
+            refused = isinstance(exc, FileExistsError) or _error_code(exc) in {
+                "PreconditionFailed",
+                "412",
+                "ConditionalRequestConflict",
+            }
+            if not refused:
+                raise
+            # A conditional PUT re-sent after its response was lost (by our retries, or by
+            # aiohttp re-sending on a dropped keep-alive connection) is refused by the object
+            # its first attempt wrote. Exclusive payloads are unique (a manifest names its
+            # take), so an object holding exactly these bytes is this write's own.
+            if self._read_blocking(location, None) == body:
+                return
+            raise FileExistsError(errno.EEXIST, "object exists", self._uri(location)) from None
 
     async def _multipart(self, location: str, buffers: list[memoryview], total: int) -> None:
         part_size = max(self.part_size_bytes, -(-total // MAX_PARTS))
@@ -174,10 +301,7 @@ class S3StoragePlugin(StoragePlugin):
     def _read_blocking(self, location: str, byte_range: ByteRange | None) -> bytes:
         path = f"{self.bucket}/{self._key(location)}"
         if byte_range is None:
-            try:
-                return bytes(self._fs.cat_file(path))
-            except FileNotFoundError:
-                raise self._missing(location) from None
+            return bytes(self._on_object(location, "get_object", lambda: self._fs.cat_file(path)))
         start, end = byte_range.start, byte_range.end
         if start == end:
             size = self._size(location)
@@ -185,9 +309,11 @@ class S3StoragePlugin(StoragePlugin):
                 raise EOFError(f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)")
             return b""
         try:
-            data = bytes(self._fs.cat_file(path, start=start, end=end))
-        except FileNotFoundError:
-            raise self._missing(location) from None
+            data = bytes(
+                self._on_object(
+                    location, f"get_object[{start}:{end}]", lambda: self._fs.cat_file(path, start=start, end=end)
+                )
+            )
         except OSError as exc:
             if _error_code(exc) in {"InvalidRange", "416"}:
                 raise EOFError(f"{location}: range [{start}, {end}) starts past the end of the object") from None
@@ -203,6 +329,8 @@ class S3StoragePlugin(StoragePlugin):
     async def exists(self, location: str) -> bool:
         try:
             await to_thread(self._size, location)
+        except BucketNotFoundError:
+            raise
         except FileNotFoundError:
             return False
         return True
@@ -221,10 +349,10 @@ class S3StoragePlugin(StoragePlugin):
         found: list[str] = []
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": base + prefix}
         while True:
-            try:
-                page = self._fs.call_s3("list_objects_v2", **kwargs)
-            except FileNotFoundError:  # no such bucket: nothing stored
-                return []
+            page = self._attempt(
+                f"list_objects_v2 s3://{self.bucket}/{kwargs['Prefix']}",
+                lambda: self._fs.call_s3("list_objects_v2", **kwargs),
+            )
             for item in page.get("Contents", []):
                 key = str(item["Key"])
                 if key.startswith(base) and not key.endswith("/"):
@@ -242,7 +370,12 @@ class S3StoragePlugin(StoragePlugin):
     def _delete_many_blocking(self, locations: Sequence[str]) -> None:
         for start in range(0, len(locations), 1000):  # DeleteObjects takes at most 1000 keys
             keys = [{"Key": self._key(location)} for location in locations[start : start + 1000]]
-            response = self._fs.call_s3("delete_objects", Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
+            response = self._attempt(
+                f"delete_objects s3://{self.bucket} ({len(keys)} keys)",
+                functools.partial(
+                    self._fs.call_s3, "delete_objects", Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True}
+                ),
+            )
             errors = [e for e in response.get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if errors:
                 first = errors[0]

@@ -2,11 +2,24 @@
 
 :class:`StoragePluginConformance` is the conformance suite every built-in storage plugin passes;
 subclass it in your plugin's tests (see :mod:`snapshotkit.testing._conformance` for an example).
-Importing this package needs pytest.
+:class:`SeaweedS3Server` and :class:`FakeGCSServer` start real object-store servers on loopback;
+:class:`FaultInjectingProxy` sits in front of one and injects error statuses and connection
+resets. Importing this package needs pytest.
 """
 
 from __future__ import annotations
 
 from ._conformance import StoragePluginConformance
+from ._proxy import LOSE_RESPONSE, RESET, FaultInjectingProxy, SeenRequest
+from ._servers import FakeGCSServer, SeaweedS3Server, ServerUnavailable
 
-__all__ = ["StoragePluginConformance"]
+__all__ = [
+    "FakeGCSServer",
+    "FaultInjectingProxy",
+    "LOSE_RESPONSE",
+    "RESET",
+    "SeaweedS3Server",
+    "SeenRequest",
+    "ServerUnavailable",
+    "StoragePluginConformance",
+]

