@@ -125,6 +125,16 @@ class SeaweedS3Server:
             raise
         return self
 
+    def storage_options(self) -> dict[str, str]:
+        """``storage_options`` for ``s3://`` URIs that reach this server with its credentials."""
+        return {"endpoint_url": self.endpoint_url, "key": self.access_key, "secret": self.secret_key}
+
+    def create_bucket(self, name: str) -> None:
+        """Create bucket ``name`` (needs s3fs)."""
+        import s3fs
+
+        s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options()).mkdir(name)
+
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
