@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -48,6 +49,17 @@ def _start_loop() -> asyncio.AbstractEventLoop:
     threading.Thread(target=run, name="snapshotkit-loop", daemon=True).start()
     ready.wait()
     return loop
+
+
+def _forget_loop_after_fork() -> None:
+    """A forked child has the parent's loop object but not its thread: start afresh on first use."""
+    global _loop, _lock
+    _loop = None
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_loop_after_fork)
 
 
 def get_loop() -> asyncio.AbstractEventLoop:

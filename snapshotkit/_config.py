@@ -49,6 +49,8 @@ class Config:
         data_object_bytes: target size of one data object; small pieces are packed up to it.
         io_concurrency: storage operations in flight at once per process.
         verify_checksums: verify the checksum of every piece read.
+        collective_timeout_seconds: how long a rank waits for the others in one collective
+            step of a multi-rank take or restore before raising ``CollectiveTimeoutError``.
     """
 
     memory_budget_bytes: int
@@ -56,12 +58,16 @@ class Config:
     data_object_bytes: int = 64 * _MIB
     io_concurrency: int = 4
     verify_checksums: bool = True
+    collective_timeout_seconds: float = 1800.0
 
     def __post_init__(self) -> None:
         for name in ("memory_budget_bytes", "chunk_bytes", "data_object_bytes", "io_concurrency"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        timeout = self.collective_timeout_seconds
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ConfigError(f"collective_timeout_seconds must be a positive number, got {timeout!r}")
 
     @classmethod
     def resolve(
@@ -77,7 +83,8 @@ class Config:
         if budget is None:
             budget = _env_int(env, "SNAPSHOTKIT_MEMORY_BUDGET_BYTES")
         if budget is None:
-            budget = default_memory_budget_bytes()
+            # Ranks sharing a host (torchrun sets LOCAL_WORLD_SIZE) share its memory.
+            budget = default_memory_budget_bytes(_env_int(env, "LOCAL_WORLD_SIZE") or 1)
         if verify_checksums is None:
             verify_checksums = _env_bool(env, "SNAPSHOTKIT_VERIFY_CHECKSUMS", default=True)
         fields: dict[str, int] = {}
@@ -89,7 +96,22 @@ class Config:
             value = _env_int(env, var)
             if value is not None:
                 fields[field] = value
-        return cls(memory_budget_bytes=budget, verify_checksums=verify_checksums, **fields)
+        config = cls(memory_budget_bytes=budget, verify_checksums=verify_checksums, **fields)
+        timeout = _env_float(env, "SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS")
+        return config if timeout is None else dataclasses.replace(config, collective_timeout_seconds=timeout)
+
+
+def _env_float(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not value > 0:
+        raise ConfigError(f"{name}={raw!r} must be a positive number of seconds")
+    return value
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:

@@ -1,40 +1,174 @@
-"""The process-group facade: rank and world size, world size 1 without torch.distributed."""
+"""The process-group facade: rank, world size, and the few collectives a take or restore needs.
+
+torch.distributed is the engine: every exchange here is a ``torch.distributed`` collective on
+the caller's process group. What this module adds is what checkpointing needs on top:
+
+* every collective has a timeout (``Work.wait(timeout)``) and a timeout raises
+  :class:`~snapshotkit.errors.CollectiveTimeoutError` naming the step, never an endless wait;
+* :meth:`Group.exchange` is the one primitive a take or restore is built from: each rank
+  contributes its result *or its error*, and every rank gets every rank's, so one failing rank
+  makes all of them raise at the same step instead of leaving the others waiting.
+
+Without an initialized ``torch.distributed`` (or with a group of one rank) everything is local.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import pickle
+import traceback
+from collections.abc import Sequence
 from typing import Any
 
-from .errors import ConfigError
+from .errors import CollectiveTimeoutError, ConfigError, RankFailedError, SnapshotkitError
 
 
 @dataclasses.dataclass(frozen=True)
+class RankOutcome:
+    """What one rank reports at an exchange: a value, or the error it hit."""
+
+    value: Any = None
+    error: BaseException | None = None
+    error_text: str = ""
+
+
+def _portable(error: BaseException) -> BaseException | None:
+    """``error`` if it survives pickling (most exceptions do), else None."""
+    try:
+        pickle.loads(pickle.dumps(error))  # noqa: S301 - our own bytes
+    except Exception:
+        return None
+    return error
+
+
+@dataclasses.dataclass
 class Group:
-    """This process's place in the group a snapshot is taken or restored by."""
+    """This process's place in the group a snapshot is taken or restored by.
+
+    Attributes:
+        rank: this process's rank within ``pg``.
+        world_size: ranks in ``pg``.
+        pg: the ``torch.distributed`` process group (None: the default group, or no group).
+        timeout_seconds: how long each collective waits for the other ranks.
+    """
 
     rank: int
     world_size: int
+    pg: Any = None
+    timeout_seconds: float = 1800.0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    # ------------------------------------------------------------------ primitives
+
+    def _device(self) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        if dist.get_backend(self.pg) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _wait(self, work: Any, what: str) -> None:
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout_seconds))
+        except RuntimeError as exc:
+            text = str(exc).lower()
+            if "timed out" in text or "timeout" in text:
+                raise CollectiveTimeoutError(
+                    f"{what}: rank {self.rank} of {self.world_size} waited {self.timeout_seconds:g} s for the other "
+                    "ranks, which did not arrive. A rank crashed, hangs, or did not call the same snapshotkit "
+                    "operation; every rank must call it. Raise SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS if the ranks "
+                    "are just slow"
+                ) from exc
+            raise
+
+    def all_gather_object(self, obj: Any, what: str) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order; ``what`` names the step in errors."""
+        if not self.distributed:
+            return [obj]
+        import torch
+        import torch.distributed as dist
+
+        device = self._device()
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+        sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.world_size)]
+        self._wait(dist.all_gather(sizes, size, group=self.pg, async_op=True), what)
+        longest = max(int(s.item()) for s in sizes)
+        mine = torch.zeros(longest, dtype=torch.uint8, device=device)
+        if payload:
+            mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        gathered = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(self.world_size)]
+        self._wait(dist.all_gather(gathered, mine, group=self.pg, async_op=True), what)
+        return [
+            pickle.loads(t[: int(n.item())].cpu().numpy().tobytes())  # noqa: S301 - our own ranks' messages
+            for t, n in zip(gathered, sizes, strict=True)
+        ]
+
+    # ------------------------------------------------------------------ the exchange
+
+    def exchange(self, value: Any, error: BaseException | None, what: str) -> list[Any]:
+        """Contribute ``value`` (or the ``error`` this rank hit) and get every rank's value.
+
+        If any rank reported an error, every rank raises: the failing rank re-raises its own
+        error, the others a :class:`RankFailedError` naming that rank, with its error (when it
+        can be sent) as the cause.
+        """
+        if not self.distributed:
+            if error is not None:
+                raise error
+            return [value]
+        if error is not None:
+            detail = "".join(traceback.format_exception_only(type(error), error)).strip()
+            outcome = RankOutcome(None, _portable(error), detail)
+        else:
+            outcome = RankOutcome(value)
+        outcomes: list[RankOutcome] = self.all_gather_object(outcome, what)
+        failed = [(rank, o) for rank, o in enumerate(outcomes) if o.error_text]
+        if not failed:
+            return [o.value for o in outcomes]
+        if error is not None:
+            raise error
+        rank, first = failed[0]
+        others = f" (and ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""
+        raise RankFailedError(
+            f"{what}: rank {rank}{others} failed with {first.error_text}; this rank stopped too, and nothing "
+            "was committed",
+            rank,
+        ) from first.error
+
+    def broadcast_from_zero(self, value: Any, what: str) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        return self.all_gather_object(value if self.rank == 0 else None, what)[0]
 
 
-def resolve_group(pg: Any | None) -> Group:
+def resolve_group(pg: Any | None, *, timeout_seconds: float = 1800.0) -> Group:
     """The rank and world size of ``pg`` (the default group when ``None``).
 
-    Without an initialized ``torch.distributed`` everything is world size 1. This release
-    writes and reads snapshots from one process; a group of several ranks is refused clearly
-    rather than producing a snapshot that only holds rank 0's state.
+    Without an initialized ``torch.distributed`` everything is world size 1.
     """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         if pg is not None:
             raise ConfigError("pg was given but torch.distributed is not initialized; call init_process_group() first")
-        return Group(0, 1)
-    world_size = dist.get_world_size(pg)
+        return Group(0, 1, None, timeout_seconds)
     rank = dist.get_rank(pg)
-    if world_size > 1:
+    if rank < 0:
         raise ConfigError(
-            f"the process group has {world_size} ranks; this snapshotkit release takes and restores snapshots "
-            "from a single process. Take from one rank with a single-rank group (dist.new_group([rank])) "
-            "until multi-rank support lands"
+            "this process is not a member of the process group passed as pg; call Snapshot.take/restore only on "
+            "the ranks of that group"
         )
-    return Group(rank, world_size)
+    return Group(rank, dist.get_world_size(pg), pg, timeout_seconds)
+
+
+def lowest_failure(errors: Sequence[BaseException | None]) -> BaseException | None:
+    """The first error in rank order, if any."""
+    return next((e for e in errors if e is not None), None)
+
+
+__all__ = ["Group", "RankOutcome", "SnapshotkitError", "lowest_failure", "resolve_group"]

@@ -17,8 +17,9 @@ from ._serialization import (
     is_zero_copy_source,
     tensor_from_bytes,
 )
+from ._sharded import Box, box_slice, destination_boxes, overlap, piece_boxes
 from .errors import ManifestError, StateMismatchError
-from .manifest import Entry, ObjectEntry, Piece, PrimitiveEntry, TensorEntry
+from .manifest import Entry, ObjectEntry, Piece, PrimitiveEntry, ShardedTensorEntry, TensorEntry
 
 
 def tensor_matches(entry: TensorEntry, value: object) -> bool:
@@ -75,6 +76,8 @@ class LeafLoader:
             return lambda: slot.value
         if isinstance(entry, TensorEntry):
             return self._add_tensor(logical_path, entry, destination)
+        if isinstance(entry, ShardedTensorEntry):
+            return self._add_sharded(logical_path, entry, destination)
         raise ManifestError(f"{logical_path!r} is a {entry.kind}, not a leaf")
 
     def _add_blob(self, logical_path: str, piece: Piece, sink: Callable[[Any], None]) -> None:
@@ -126,6 +129,57 @@ class LeafLoader:
             self._fresh[fresh_key] = _Slot(target)
             result = target
         self._add_raw_reads(logical_path, entry, target, itemsize)
+        return lambda: result
+
+    def _add_sharded(self, logical_path: str, entry: ShardedTensorEntry, destination: Any) -> Callable[[], Any]:
+        """Fill each destination box from the stored pieces that overlap it (resharding).
+
+        A ``DTensor``/``ShardedTensor`` destination of the saved global shape is filled in its
+        local shards, in place; a plain tensor of that shape and dtype is filled whole; anything
+        else gets a new tensor with the whole global value. Only pieces (whole row blocks of a
+        stored shard) that overlap a destination box are read, each verified as a whole.
+        """
+        dtype = dtype_from_name(entry.dtype)
+        itemsize = dtype.itemsize
+        whole: Box = ((0,) * len(entry.shape), entry.shape)
+        boxes = destination_boxes(destination)
+        if boxes is not None:
+            if tuple(destination.shape) != entry.shape or destination.dtype != dtype:
+                raise StateMismatchError(
+                    f"cannot restore {logical_path!r} into the sharded destination: the snapshot has dtype "
+                    f"{entry.dtype} shape {list(entry.shape)}, the destination {str(destination.dtype)[6:]} "
+                    f"shape {list(destination.shape)}"
+                )
+            targets = [(box, local.detach()) for box, local in boxes]
+            result: Any = destination
+        elif (
+            isinstance(destination, torch.Tensor)
+            and destination.dtype == dtype
+            and tuple(destination.shape) == entry.shape
+            and destination.layout == torch.strided
+        ):
+            targets, result = [(whole, destination.detach())], destination
+        else:
+            fresh = torch.empty(entry.shape, dtype=dtype)
+            targets, result = [(whole, fresh)], fresh
+        for shard in entry.shards:
+            shard_box: Box = (shard.offsets, shard.sizes)
+            if not any(overlap(shard_box, target_box) for target_box, _ in targets):
+                continue
+            sizes = [piece.nbytes for piece in shard.pieces]
+            for piece, piece_box in zip(shard.pieces, piece_boxes(shard_box, sizes, itemsize), strict=True):
+                wanted = [(o, t, tensor) for t, tensor in targets if (o := overlap(piece_box, t)) is not None]
+                if not wanted:
+                    continue
+
+                def consume(
+                    within: int, data: memoryview, piece_box: Box = piece_box, wanted: list[Any] = wanted
+                ) -> None:
+                    source = tensor_from_bytes(data, dtype, piece_box[1])
+                    for common, target_box, tensor in wanted:
+                        box_slice(tensor, target_box[0], common).copy_(box_slice(source, piece_box[0], common))
+
+                self.reads.append(PieceRead(piece, logical_path, consume=consume))
         return lambda: result
 
     def _add_raw_reads(self, logical_path: str, entry: TensorEntry, target: torch.Tensor, itemsize: int) -> None:

@@ -14,6 +14,7 @@ close together, so restoring thousands of small tensors costs a handful of reque
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 #: Every piece starts at a multiple of this many bytes within its data object.
@@ -65,6 +66,20 @@ def split_payload(nbytes: int, itemsize: int, chunk_bytes: int) -> list[tuple[in
     return [(start, min(start + step, nbytes)) for start in range(0, nbytes, step)]
 
 
+def row_pieces(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges of whole dim-0 rows, at most ``chunk_bytes`` each (at least one row), covering a
+    contiguous tensor of ``shape``: each piece of a sharded tensor is then a box of it."""
+    if not shape:
+        return split_payload(itemsize, itemsize, chunk_bytes)
+    row_bytes = itemsize * math.prod(shape[1:])
+    nbytes = row_bytes * shape[0]
+    if nbytes == 0:
+        return []
+    rows = max(1, chunk_bytes // row_bytes)
+    step = rows * row_bytes
+    return [(start, min(start + step, nbytes)) for start in range(0, nbytes, step)]
+
+
 def plan_layout(
     payload_sizes: Sequence[int],
     payload_itemsizes: Sequence[int],
@@ -81,8 +96,34 @@ def plan_layout(
         The data objects in write order, and for every payload the slots holding its pieces in
         payload order (empty for a zero-byte payload).
     """
-    objects: list[DataObjectPlan] = []
+    pieces = [
+        (index, start, end)
+        for index, (nbytes, itemsize) in enumerate(zip(payload_sizes, payload_itemsizes, strict=False))
+        for start, end in split_payload(nbytes, itemsize, chunk_bytes)
+    ]
+    objects, slots = pack_pieces(
+        pieces, rank=rank, take_id=take_id, data_object_bytes=data_object_bytes, alignment=alignment
+    )
     per_payload: list[list[PieceSlot]] = [[] for _ in payload_sizes]
+    for slot in slots:
+        per_payload[slot.payload].append(slot)
+    return objects, per_payload
+
+
+def pack_pieces(
+    pieces: Sequence[tuple[int, int, int]],
+    *,
+    rank: int,
+    take_id: str,
+    data_object_bytes: int,
+    alignment: int = ALIGNMENT_BYTES,
+) -> tuple[list[DataObjectPlan], list[PieceSlot]]:
+    """Pack ``(payload, start, end)`` pieces, in order, into data objects of about ``data_object_bytes``.
+
+    Returns the data objects in write order and one slot per piece, in the order given.
+    """
+    objects: list[DataObjectPlan] = []
+    slots: list[PieceSlot] = []
     current: list[PieceSlot] = []
     location = data_object_location(rank, 0, take_id)
     offset = 0
@@ -95,18 +136,17 @@ def plan_layout(
             current = []
             offset = 0
 
-    for index, (nbytes, itemsize) in enumerate(zip(payload_sizes, payload_itemsizes, strict=False)):
-        for start, end in split_payload(nbytes, itemsize, chunk_bytes):
-            slot_offset = _align_up(offset, alignment)
-            if current and slot_offset + (end - start) > data_object_bytes:
-                close_object()
-                slot_offset = 0
-            slot = PieceSlot(index, start, end, location, slot_offset)
-            current.append(slot)
-            per_payload[index].append(slot)
-            offset = slot_offset + (end - start)
+    for payload, start, end in pieces:
+        slot_offset = _align_up(offset, alignment)
+        if current and slot_offset + (end - start) > data_object_bytes:
+            close_object()
+            slot_offset = 0
+        slot = PieceSlot(payload, start, end, location, slot_offset)
+        current.append(slot)
+        slots.append(slot)
+        offset = slot_offset + (end - start)
     close_object()
-    return objects, per_payload
+    return objects, slots
 
 
 @dataclasses.dataclass(frozen=True)

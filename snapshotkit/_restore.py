@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from ._flatten import escape_key, flatten, inflate
+from ._flatten import escape_key, flatten, inflate, join_path
 from ._load import LeafLoader, describe_mismatch, tensor_matches
 from .errors import LogicalPathNotFoundError, StateMismatchError
-from .manifest import DictEntry, Entry, ListEntry, SnapshotMetadata, TensorEntry
+from .manifest import DictEntry, Entry, ListEntry, ShardedTensorEntry, SnapshotMetadata, TensorEntry
 from .stateful import RNGState, Stateful
 
 ContainerMap = dict[str, DictEntry | ListEntry]
@@ -30,18 +30,66 @@ def close_matches(wanted: str, candidates: Iterable[str], limit: int = 5) -> str
     return f"; close matches: {', '.join(repr(m) for m in matches)}" if matches else ""
 
 
+def _shared(entry: Entry) -> bool:
+    """Entries every rank reads from rank 0: replicated leaves and sharded tensors."""
+    return isinstance(entry, ShardedTensorEntry) or bool(getattr(entry, "replicated", False))
+
+
 def rank_view(metadata: SnapshotMetadata, rank: int) -> dict[str, Entry]:
-    """``logical path -> entry`` as seen by ``rank``: its own entries, then replicated ones from rank 0."""
-    own_prefix = f"{rank}/"
+    """``logical path -> entry`` as seen by ``rank``.
+
+    A rank that took part in the take sees its own entries, then the replicated and sharded
+    ones rank 0 holds for everyone. A rank that did not exist then (a larger world restoring)
+    sees rank 0's replicated and sharded leaves, and rank 0's containers cut down to them.
+    """
     view: dict[str, Entry] = {}
-    for key, entry in metadata.manifest.items():
-        if key.startswith(own_prefix):
-            view[key[len(own_prefix) :]] = entry
-    if rank != 0:
+    if rank < metadata.world_size:
+        own_prefix = f"{rank}/"
         for key, entry in metadata.manifest.items():
-            if key.startswith("0/") and getattr(entry, "replicated", False):
-                view.setdefault(key[2:], entry)
+            if key.startswith(own_prefix):
+                view[key[len(own_prefix) :]] = entry
+        if rank != 0:
+            for key, entry in metadata.manifest.items():
+                if key.startswith("0/") and _shared(entry):
+                    view.setdefault(key[2:], entry)
+        return view
+    for key, entry in metadata.manifest.items():
+        if key.startswith("0/") and (_shared(entry) or isinstance(entry, (DictEntry, ListEntry))):
+            view[key[2:]] = entry
+    return _prune_containers(view)
+
+
+def _prune_containers(view: dict[str, Entry]) -> dict[str, Entry]:
+    """Drop container children that are not in ``view`` (deepest first); a list or tuple that
+    lost a child cannot be rebuilt and goes too."""
+    containers = sorted(
+        (p for p, e in view.items() if isinstance(e, (DictEntry, ListEntry))), key=lambda p: -p.count("/")
+    )
+    for path in containers:
+        entry = view[path]
+        if isinstance(entry, DictEntry):
+            keys = tuple(k for k in entry.keys if join_path(path, k) in view)
+            if keys != entry.keys:
+                view[path] = DictEntry(keys, entry.ordered)
+        elif isinstance(entry, ListEntry) and any(join_path(path, i) not in view for i in range(entry.length)):
+            del view[path]
     return view
+
+
+def missing_key_hint(metadata: SnapshotMetadata, key: str, rank: int) -> str:
+    """Why ``key`` is missing from ``rank``'s view although other ranks saved it, or ``""``."""
+    holders = sorted(
+        int(k.split("/", 1)[0]) for k in metadata.manifest if k.split("/", 1)[1] == key and not k.startswith(f"{rank}/")
+    )
+    if not holders:
+        return ""
+    if rank >= metadata.world_size:
+        return (
+            f" It was saved per rank (not replicated) by ranks {holders[:8]} of the {metadata.world_size} that took "
+            f"the snapshot; rank {rank} did not exist then and has no state of its own. Pass replicated=[...] "
+            "when taking to make such state available to every rank, or leave it out of app_state on new ranks"
+        )
+    return f" Ranks {holders[:8]} saved it, rank {rank} did not."
 
 
 def subtree(view: Mapping[str, Entry], root: str) -> tuple[ContainerMap, dict[str, Entry]]:
@@ -65,6 +113,7 @@ def plan_restore(
     strict: bool,
     loader: LeafLoader,
     snapshot_path: str,
+    hint: Callable[[str], str] | None = None,
 ) -> list[Callable[[], None]]:
     """Plan loading every key of ``app_state``; return the ``load_state_dict`` steps, RNG last."""
     saved_keys = sorted({path.split("/", 1)[0] for path in view})
@@ -74,9 +123,9 @@ def plan_restore(
         root = escape_key(key)
         if root not in view:
             raise LogicalPathNotFoundError(
-                f"app_state key {key!r} is not in the snapshot at {snapshot_path!r}, which holds "
-                f"{saved_keys}{close_matches(root, saved_keys)}. Remove it from app_state, or restore "
-                "those keys from a snapshot that has them"
+                f"app_state key {key!r} is not in the snapshot at {snapshot_path!r} for this rank, which sees "
+                f"{saved_keys}{close_matches(root, saved_keys)}.{hint(root) if hint else ''} Remove it from "
+                "app_state, or restore those keys from a snapshot that has them"
             )
         containers, leaves = subtree(view, root)
         destinations: dict[str, Any] = {}

@@ -20,6 +20,8 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     ├── UnsafeObjectError              (pickle.UnpicklingError) object refused by weights_only loading
     ├── UnsupportedValueError          (TypeError)          a leaf snapshotkit cannot store
     ├── ConfigError                    (ValueError)         bad argument or SNAPSHOTKIT_* variable
+    ├── RankFailedError                (RuntimeError)       another rank of a multi-rank take/restore failed
+    ├── CollectiveTimeoutError         (TimeoutError)       other ranks did not arrive in time
     └── StorageError                   (OSError)            a storage plugin failed
         ├── UnknownStorageSchemeError  (ValueError)         no plugin for a URI scheme
         ├── StoragePermissionError     (PermissionError)    credentials refused (403): not retried
@@ -36,12 +38,14 @@ import pickle
 __all__ = [
     "BucketNotFoundError",
     "ChecksumMismatchError",
+    "CollectiveTimeoutError",
     "ConfigError",
     "IncompleteSnapshotError",
     "IntegrityError",
     "InvalidAppStateError",
     "LogicalPathNotFoundError",
     "ManifestError",
+    "RankFailedError",
     "RetriesExhaustedError",
     "SnapshotExistsError",
     "SnapshotNotFoundError",
@@ -129,6 +133,25 @@ class UnsupportedValueError(SnapshotkitError, TypeError):
 
 class ConfigError(SnapshotkitError, ValueError):
     """An argument or ``SNAPSHOTKIT_*`` environment variable has an invalid value."""
+
+
+class RankFailedError(SnapshotkitError, RuntimeError):
+    """Another rank of a multi-rank take or restore failed; its error is the ``__cause__``.
+
+    Attributes:
+        rank: the rank that failed (the lowest, if several did).
+    """
+
+    def __init__(self, message: str, rank: int = -1) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class CollectiveTimeoutError(SnapshotkitError, TimeoutError):
+    """Other ranks did not reach a collective step of a take or restore in time."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class StorageError(SnapshotkitError, OSError):

@@ -31,6 +31,8 @@ __all__ = [
     "ObjectEntry",
     "Piece",
     "PrimitiveEntry",
+    "Shard",
+    "ShardedTensorEntry",
     "SnapshotMetadata",
     "TensorEntry",
     "TupleEntry",
@@ -40,8 +42,9 @@ __all__ = [
 #: Name of the manifest object; its presence is the commit marker of a snapshot.
 METADATA_FILENAME = ".snapshot_metadata"
 FORMAT_NAME = "snapshotkit"
-#: The newest format version this snapshotkit writes and reads.
-FORMAT_VERSION = 1
+#: The newest format version this snapshotkit writes and reads. A take writes the oldest
+#: version that can express its manifest: 1 unless it holds sharded tensors (2).
+FORMAT_VERSION = 2
 #: Checksum algorithms a version-1 reader understands.
 CHECKSUM_ALGORITHMS = ("crc32c",)
 _CHECKSUM_TEXT = re.compile(r"crc32c:[0-9a-f]{8}")
@@ -335,8 +338,84 @@ class TupleEntry(ListEntry):
     kind: ClassVar[str] = "tuple"
 
 
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """One stored block of a sharded tensor: the box ``offsets`` / ``sizes`` of the global tensor.
+
+    Its elements are stored row-major and contiguous, split into pieces of whole dim-0 rows
+    (so each piece is itself a box of the global tensor).
+    """
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "offsets": list(self.offsets),
+            "sizes": list(self.sizes),
+            "pieces": [piece.to_json() for piece in self.pieces],
+        }
+
+    @classmethod
+    def from_json(cls, key: str, raw: object, ndim: int) -> Shard:
+        if not isinstance(raw, dict):
+            raise _fail(key, f"shard {raw!r} is not a mapping")
+        offsets = _field(key, raw, "offsets", list)
+        sizes = _field(key, raw, "sizes", list)
+        for name, values in (("offsets", offsets), ("sizes", sizes)):
+            if len(values) != ndim or not all(type(v) is int and v >= 0 for v in values):
+                raise _fail(key, f"shard {name} {values!r} is not {ndim} non-negative integers")
+        pieces = tuple(Piece.from_json(key, p) for p in _field(key, raw, "pieces", list))
+        return cls(tuple(offsets), tuple(sizes), pieces)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedTensorEntry:
+    """A tensor stored as shards (a ``DTensor`` or ``ShardedTensor``): global dtype and shape,
+    and the stored boxes, which together cover it exactly once (format version 2).
+
+    ``layout`` is informative: how the writer's tensor was distributed (e.g. the DTensor's
+    mesh shape and placements); readers reshard by box overlap and do not need it.
+    """
+
+    kind: ClassVar[str] = "sharded_tensor"
+    dtype: str
+    shape: tuple[int, ...]
+    shards: tuple[Shard, ...]
+    layout: str = ""
+
+    @functools.cached_property
+    def nbytes(self) -> int:
+        return sum(piece.nbytes for shard in self.shards for piece in shard.pieces)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "layout": self.layout,
+            "shards": [shard.to_json() for shard in self.shards],
+        }
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> ShardedTensorEntry:
+        dtype = _field(key, raw, "dtype", str)
+        shape = _field(key, raw, "shape", list)
+        if not all(type(dim) is int and dim >= 0 for dim in shape):
+            raise _fail(key, f"shape {shape!r} is not a list of non-negative integers")
+        shards = tuple(Shard.from_json(key, s, len(shape)) for s in _field(key, raw, "shards", list))
+        for shard in shards:
+            if any(o + n > d for o, n, d in zip(shard.offsets, shard.sizes, shape, strict=True)):
+                raise _fail(key, f"shard at {list(shard.offsets)} of size {list(shard.sizes)} exceeds shape {shape}")
+        covered = sum(math.prod(shard.sizes) for shard in shards)
+        if covered != math.prod(shape):
+            raise _fail(key, f"shards cover {covered} elements, the shape {shape} has {math.prod(shape)}")
+        return cls(dtype, tuple(shape), shards, _field(key, raw, "layout", str, ""))
+
+
 ContainerEntry = DictEntry | ListEntry | TupleEntry
-Entry = TensorEntry | ObjectEntry | PrimitiveEntry | DictEntry | ListEntry | TupleEntry
+Entry = TensorEntry | ShardedTensorEntry | ObjectEntry | PrimitiveEntry | DictEntry | ListEntry | TupleEntry
 
 _DECODERS: dict[str, Callable[[str, dict[str, Any]], Entry]] = {
     "tensor": TensorEntry.from_json,
@@ -346,7 +425,10 @@ _DECODERS: dict[str, Callable[[str, dict[str, Any]], Entry]] = {
     "ordered_dict": DictEntry.from_json,
     "list": ListEntry.from_json,
     "tuple": TupleEntry.from_json,
+    "sharded_tensor": ShardedTensorEntry.from_json,
 }
+#: The format version that introduced each entry kind not in version 1.
+_KIND_SINCE = {"sharded_tensor": 2}
 
 _MISSING = object()
 #: JSON string literal of a str (C-accelerated; raw UTF-8 like the compact encoder below).
@@ -367,6 +449,11 @@ def _field(key: str, raw: Mapping[str, Any], name: str, expected: type, default:
     return value
 
 
+def format_version_for(manifest: Mapping[str, Entry]) -> int:
+    """The oldest format version that can hold ``manifest``."""
+    return max((_KIND_SINCE.get(entry.kind, 1) for entry in manifest.values()), default=1)
+
+
 def decode_entry(key: str, raw: object) -> Entry:
     """Decode one manifest entry, rejecting kinds this format version does not define."""
     if not isinstance(raw, dict):
@@ -383,7 +470,7 @@ class SnapshotMetadata:
     """The decoded ``.snapshot_metadata`` document.
 
     Attributes:
-        format_version: on-disk format version (this snapshotkit writes and reads 1).
+        format_version: on-disk format version (1, or 2 when the manifest holds sharded tensors).
         snapshotkit_version: version of the snapshotkit that wrote the snapshot.
         torch_version: ``torch.__version__`` of the writer.
         created_at: UTC time the take committed, ISO 8601.
@@ -475,7 +562,14 @@ class SnapshotMetadata:
                 raise ManifestError(
                     f"manifest key {key!r} is not '<rank>/<logical path>' with rank < world_size {head['world_size']}"
                 )
-            manifest[key] = decode_entry(key, raw)
+            entry = decode_entry(key, raw)
+            if _KIND_SINCE.get(entry.kind, 1) > version:
+                raise _fail(
+                    key,
+                    f"entry kind {entry.kind!r} needs format version {_KIND_SINCE[entry.kind]}, "
+                    f"the manifest says {version}",
+                )
+            manifest[key] = entry
         _check_containers(manifest)
         return cls(format_version=version, manifest=manifest, **head)
 

@@ -14,14 +14,13 @@ from ._flatten import inflate
 from ._gc import gc_paused
 from ._load import LeafLoader, describe_mismatch, tensor_matches
 from ._read_pipeline import read_pieces
-from ._restore import close_matches, plan_restore, rank_view, subtree
-from ._take import collect_state, execute_take, plan_take, validate_app_state
+from ._restore import close_matches, missing_key_hint, plan_restore, rank_view, subtree
+from ._take import take_on_group, validate_app_state
 from .errors import (
     BucketNotFoundError,
     IncompleteSnapshotError,
     LogicalPathNotFoundError,
     ManifestError,
-    SnapshotExistsError,
     SnapshotNotFoundError,
 )
 from .manifest import METADATA_FILENAME, Entry, SnapshotMetadata, TensorEntry
@@ -92,36 +91,18 @@ class Snapshot:
             InvalidAppStateError: an ``app_state`` value is not Stateful.
             UnsupportedValueError: a leaf cannot be stored (unpicklable, meta tensor).
         """
-        group = resolve_group(pg)
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
-        states_of = validate_app_state(app_state)
+        group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)
         snapshot = cls(path, pg=pg, storage_options=storage_options)
-
-        async def refuse_existing() -> None:
-            plugin = snapshot._plugin()
-            try:
-                if await plugin.exists(METADATA_FILENAME):
-                    raise SnapshotExistsError(
-                        f"a snapshot already exists at {snapshot.path!r}; snapshotkit never overwrites one. "
-                        "Take to a new path (e.g. one per step), or delete the old snapshot first"
-                    )
-            finally:
-                await plugin.close()
-
-        run_sync(refuse_existing())
-        states = collect_state(states_of)
-        with gc_paused():
-            plan = plan_take(states, rank=group.rank, replicated=list(replicated or ()), config=config)
-
-        async def write() -> SnapshotMetadata:
-            plugin = snapshot._plugin()
-            try:
-                return await execute_take(plugin, plan, path=snapshot.path, world_size=group.world_size, config=config)
-            finally:
-                await plugin.close()
-
-        with gc_paused():
-            snapshot._metadata = run_sync(write())
+        metadata = take_on_group(
+            snapshot.path,
+            app_state,
+            group=group,
+            config=config,
+            replicated=list(replicated or ()),
+            open_plugin=snapshot._plugin,
+        )
+        snapshot._metadata = metadata  # None on ranks other than 0: read on first use
         return snapshot
 
     def _plugin(self) -> StoragePlugin:
@@ -203,13 +184,30 @@ class Snapshot:
             StateMismatchError: (strict) a tensor or module does not match.
             IntegrityError: stored bytes are corrupt or truncated.
         """
-        group = resolve_group(self.pg)
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
+        group = resolve_group(self.pg, timeout_seconds=config.collective_timeout_seconds)
+        error: BaseException | None = None
+        try:
+            self._restore_local(app_state, group.rank, config, strict=strict, weights_only=weights_only)
+        except Exception as exc:
+            error = exc
+        # Every rank restored, or every rank raises (nobody trains on from a half-restored state).
+        group.exchange(None, error, "restore: loading the state")
+
+    def _restore_local(
+        self, app_state: AppState, rank: int, config: Config, *, strict: bool, weights_only: bool
+    ) -> None:
         states_of = validate_app_state(app_state)
         loader = LeafLoader(weights_only=weights_only)
+        metadata = self.metadata
         with gc_paused():
             steps = plan_restore(
-                rank_view(self.metadata, group.rank), states_of, strict=strict, loader=loader, snapshot_path=self.path
+                rank_view(metadata, rank),
+                states_of,
+                strict=strict,
+                loader=loader,
+                snapshot_path=self.path,
+                hint=lambda key: missing_key_hint(metadata, key, rank),
             )
             run_sync(self._fetch(loader, config))
         for step in steps:

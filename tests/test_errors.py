@@ -830,7 +830,7 @@ def test_newer_format_version_raises_unsupported_format_version(tmp_path: Path) 
     path = tmp_path / "snap"
     take_basic(path)
     document = load_manifest_json(path)
-    document["format_version"] = 2
+    document["format_version"] = 3
     document["snapshotkit_version"] = "9.0.0"
     document["manifest"]["0/extras/future"] = {"kind": "kind_from_the_future"}
     write_manifest_json(path, document)
@@ -841,7 +841,7 @@ def test_newer_format_version_raises_unsupported_format_version(tmp_path: Path) 
     assert isinstance(exc, ManifestError)
     assert isinstance(exc, ValueError)
     message = str(exc)
-    assert "format version 2" in message
+    assert "format version 3" in message
     assert "'9.0.0'" in message
     assert "upgrade" in message.lower()
     assert "pip install -U snapshotkit" in message
