@@ -15,7 +15,7 @@ import torch
 from ._flatten import escape_key, flatten, inflate, join_path
 from ._load import LeafLoader, describe_mismatch, tensor_matches
 from .errors import LogicalPathNotFoundError, StateMismatchError
-from .manifest import DictEntry, Entry, ListEntry, ShardedTensorEntry, SnapshotMetadata, TensorEntry
+from .manifest import DictEntry, Entry, ListEntry, SnapshotMetadata, TensorEntry, is_shared
 from .stateful import RNGState, Stateful
 
 ContainerMap = dict[str, DictEntry | ListEntry]
@@ -28,11 +28,6 @@ def close_matches(wanted: str, candidates: Iterable[str], limit: int = 5) -> str
     if not matches:
         matches = [c for c in options if wanted.rsplit("/", 1)[-1] in c][:limit]
     return f"; close matches: {', '.join(repr(m) for m in matches)}" if matches else ""
-
-
-def _shared(entry: Entry) -> bool:
-    """Entries every rank reads from rank 0: replicated leaves and sharded tensors."""
-    return isinstance(entry, ShardedTensorEntry) or bool(getattr(entry, "replicated", False))
 
 
 def rank_view(metadata: SnapshotMetadata, rank: int) -> dict[str, Entry]:
@@ -50,18 +45,18 @@ def rank_view(metadata: SnapshotMetadata, rank: int) -> dict[str, Entry]:
                 view[key[len(own_prefix) :]] = entry
         if rank != 0:
             for key, entry in metadata.manifest.items():
-                if key.startswith("0/") and _shared(entry):
+                if key.startswith("0/") and is_shared(entry):
                     view.setdefault(key[2:], entry)
         return view
     for key, entry in metadata.manifest.items():
-        if key.startswith("0/") and (_shared(entry) or isinstance(entry, (DictEntry, ListEntry))):
+        if key.startswith("0/") and (is_shared(entry) or isinstance(entry, (DictEntry, ListEntry))):
             view[key[2:]] = entry
     return _prune_containers(view)
 
 
 def _prune_containers(view: dict[str, Entry]) -> dict[str, Entry]:
-    """Drop container children that are not in ``view`` (deepest first); a list or tuple that
-    lost a child cannot be rebuilt and goes too."""
+    """Drop container children that are not in ``view`` (deepest first). A container left with
+    none of its children, or a list or tuple that lost one, goes too."""
     containers = sorted(
         (p for p, e in view.items() if isinstance(e, (DictEntry, ListEntry))), key=lambda p: -p.count("/")
     )
@@ -69,7 +64,9 @@ def _prune_containers(view: dict[str, Entry]) -> dict[str, Entry]:
         entry = view[path]
         if isinstance(entry, DictEntry):
             keys = tuple(k for k in entry.keys if join_path(path, k) in view)
-            if keys != entry.keys:
+            if entry.keys and not keys:
+                del view[path]
+            elif keys != entry.keys:
                 view[path] = DictEntry(keys, entry.ordered)
         elif isinstance(entry, ListEntry) and any(join_path(path, i) not in view for i in range(entry.length)):
             del view[path]

@@ -589,8 +589,14 @@ def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return members
 
 
+def is_shared(entry: Entry) -> bool:
+    """Whether every rank reads ``entry`` from rank 0: a replicated leaf or a sharded tensor."""
+    return isinstance(entry, ShardedTensorEntry) or bool(getattr(entry, "replicated", False))
+
+
 def _check_containers(manifest: Mapping[str, Entry]) -> None:
-    """Every child a container names must have an entry of its own."""
+    """Every child a container names must have an entry of its own, under the container's rank
+    or, for a replicated or sharded leaf, under rank 0."""
     for key, entry in manifest.items():
         if isinstance(entry, DictEntry):
             children = [join_path(key, k) for k in entry.keys]
@@ -602,6 +608,9 @@ def _check_containers(manifest: Mapping[str, Entry]) -> None:
             raise ManifestError(f"malformed manifest entry {key!r}: two keys name the same child")
         for child in children:
             if child not in manifest:
+                shared = manifest.get("0/" + child.split("/", 1)[1])
+                if shared is not None and is_shared(shared):
+                    continue
                 raise ManifestError(
                     f"malformed manifest entry {key!r}: it names child {child!r}, which has no entry; "
                     "the manifest is corrupt"
