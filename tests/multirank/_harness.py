@@ -85,5 +85,5 @@ def run_ranks(
         results = []
         for rank in range(world_size):
             with open(Path(out_dir, f"{rank}.pkl"), "rb") as f:
-                results.append(pickle.load(f))  # noqa: S301 - our own ranks' results
+                results.append(pickle.load(f))
         return results

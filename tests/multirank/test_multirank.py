@@ -99,7 +99,7 @@ def test_ddp_and_optimizer_round_trip(tmp_path: Path, world: int) -> None:
     # every data object was written by exactly one rank (its name carries the rank), and every
     # piece the manifest names lies inside an object that exists
     objects = _data_objects(path)
-    for location, size in objects.items():
+    for location in objects:
         assert location.split("/")[1].split("_")[0].isdigit()
     for entry in manifest.values():
         for piece in getattr(entry, "pieces", ()):
@@ -304,7 +304,7 @@ def test_a_rank_raising_in_state_dict_fails_every_rank(tmp_path: Path) -> None:
         assert results[rank].startswith("RankFailedError: take: describing each rank's state: rank 1 failed")
         assert "state_dict exploded on purpose" in results[rank]
     with pytest.raises(SnapshotNotFoundError):
-        Snapshot(path).metadata  # noqa: B018
+        Snapshot(path).metadata
     assert _data_objects(path) == {}
 
 
@@ -332,7 +332,7 @@ def test_a_failed_write_on_one_rank_fails_every_rank_and_leaves_nothing(tmp_path
     for rank in (0, 2):
         assert results[rank].startswith("RankFailedError: take: writing the data objects: rank 1 failed")
     with pytest.raises(SnapshotNotFoundError):
-        Snapshot(path).metadata  # noqa: B018
+        Snapshot(path).metadata
     assert _data_objects(path) == {}  # every rank deleted what it wrote
     assert issubclass(RankFailedError, RuntimeError) and issubclass(StorageError, OSError)
 
@@ -356,7 +356,7 @@ def test_collectives_time_out_with_an_error_naming_the_step(tmp_path: Path) -> N
     assert float(seconds) < 5, results[0]
     assert message.startswith("take: describing each rank's state: rank 0 of 2 waited 2 s"), message
     with pytest.raises(SnapshotNotFoundError):
-        Snapshot(path).metadata  # noqa: B018
+        Snapshot(path).metadata
 
 
 # ------------------------------------------------------------------ sub-groups and paths
