@@ -1,0 +1,131 @@
+"""Real distributed models: FSDP2 (``fully_shard``) and ``ShardedTensor`` state, on gloo CPU ranks."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from snapshotkit import Snapshot, StateDict
+from snapshotkit.manifest import ShardedTensorEntry
+
+from ._harness import run_ranks
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _fsdp_model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 33), torch.nn.ReLU(), torch.nn.Linear(33, 5))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def _step(model: torch.nn.Module, optim: torch.optim.Optimizer, seed: int) -> None:
+    torch.manual_seed(seed)
+    model(torch.randn(8, 16)).pow(2).mean().backward()
+    optim.step()
+    optim.zero_grad()
+
+
+def _full(state: dict[str, Any]) -> dict[str, Any]:
+    """Every DTensor in a (nested) state dict as its full tensor."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            out[key] = _full(value)
+        elif hasattr(value, "full_tensor"):
+            out[key] = value.full_tensor().clone()
+        elif isinstance(value, torch.Tensor):
+            out[key] = value.clone()
+        else:
+            out[key] = value
+    return out
+
+
+def _take_fsdp(rank: int, world: int, path: str) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, optim = _fsdp_model(seed=0)
+    _step(model, optim, seed=1 + rank)
+    model_sd, optim_sd = get_state_dict(model, optim)
+    # DTensors are stored shard by shard whatever the patterns; everything else in these state
+    # dicts (step counters, param_groups) is the same on every rank: replicated, so ranks that did
+    # not exist at take time get it too.
+    Snapshot.take(path, {"model": StateDict(model_sd), "optim": StateDict(optim_sd)}, replicated=["**"])
+    return {"model": _full(model_sd), "optim": _full(optim_sd)}
+
+
+def _restore_fsdp(rank: int, world: int, path: str) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model, optim = _fsdp_model(seed=42)  # different weights, and a first step to create optimizer state
+    _step(model, optim, seed=7)
+    model_sd, optim_sd = get_state_dict(model, optim)
+    app_state = {"model": StateDict(model_sd), "optim": StateDict(optim_sd)}
+    Snapshot(path).restore(app_state)
+    set_state_dict(
+        model, optim, model_state_dict=dict(app_state["model"]), optim_state_dict=dict(app_state["optim"])
+    )
+    model_sd, optim_sd = get_state_dict(model, optim)
+    return {"model": _full(model_sd), "optim": _full(optim_sd)}
+
+
+def _assert_same(a: Any, b: Any, where: str = "") -> None:
+    if isinstance(a, dict):
+        assert set(a) == set(b), where
+        for key in a:
+            _assert_same(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize(("saved", "restored"), [(2, 2), (4, 2), (2, 4)])
+def test_fsdp2_model_and_optimizer(tmp_path: Path, saved: int, restored: int) -> None:
+    path = str(tmp_path / "snap")
+    taken = run_ranks(saved, _take_fsdp, path)
+    manifest = Snapshot(path).get_manifest()
+    assert isinstance(manifest["0/model/0.weight"], ShardedTensorEntry)
+    assert isinstance(manifest["0/optim/state/0.weight/exp_avg"], ShardedTensorEntry)
+    restored_states = run_ranks(restored, _restore_fsdp, path)
+    for state in restored_states:
+        _assert_same(state["model"], taken[0]["model"], "model")
+        _assert_same(state["optim"]["state"], taken[0]["optim"]["state"], "optim")
+
+
+def _sharded_tensor(rank: int, world: int, path: str) -> bool:
+    from torch.distributed._shard import sharded_tensor
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ShardedTensor is deprecated in favour of DTensor
+        spec = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(world)])
+        saved = sharded_tensor.empty(spec, 10, 6)
+        for shard in saved.local_shards():
+            offset = shard.metadata.shard_offsets[0]
+            rows = shard.tensor.shape[0]
+            shard.tensor.copy_(torch.arange(offset * 6, (offset + rows) * 6, dtype=torch.float32).reshape(rows, 6))
+        Snapshot.take(path, {"s": StateDict(w=saved)})
+        column_spec = ChunkShardingSpec(dim=1, placements=[f"rank:{r}/cpu" for r in range(world)])
+        target = sharded_tensor.zeros(column_spec, 10, 6)
+        Snapshot(path).restore({"s": StateDict(w=target)})
+        full = torch.arange(60, dtype=torch.float32).reshape(10, 6)
+        for shard in target.local_shards():
+            rows, cols = shard.metadata.shard_offsets
+            height, width = shard.metadata.shard_sizes
+            assert torch.equal(shard.tensor, full[rows : rows + height, cols : cols + width])
+    return torch.equal(Snapshot(path).read_object("s/w"), full)
+
+
+def test_sharded_tensor_reshards_row_to_column(tmp_path: Path) -> None:
+    assert run_ranks(3, _sharded_tensor, str(tmp_path / "snap")) == [True, True, True]
