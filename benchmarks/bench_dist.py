@@ -1,0 +1,331 @@
+"""Multi-rank benchmark: replicated write balance, resharding read volume, planning at scale.
+
+Three parts, all in one run (``--parts`` selects):
+
+``replicated``
+    ``--ranks`` (default 4) gloo ranks on this machine hold the same DDP-wrapped model of
+    ``--model-bytes`` (default 1 GiB, 64 MiB linear layers) and take one snapshot. Reported:
+    total bytes written (target: the model size within 1%), each rank's share (target:
+    ``1/ranks`` +- 5 points), and the take time next to one process taking the same model
+    alone (same disk, same budget).
+
+``reshard``
+    ``--ranks`` ranks take a ``--dtensor-bytes`` (default 1 GiB) float32 DTensor sharded on
+    dim 0; then half as many ranks restore it (``Shard(0)`` and, for the record, ``Shard(1)``
+    targets). Reported per restoring rank: bytes read from storage (``/proc/self/io``
+    ``rchar``, which includes the manifest) over the bytes that rank's shard needs (target
+    for ``Shard(0)``: at most 1.1x).
+
+``planning``
+    Simulated, no processes: ``--planning-ranks`` (default 64,256,1024) ranks x
+    ``--planning-entries`` (default 1,000) entries each (half replicated, half rank-local),
+    timing :func:`snapshotkit._take.decide` (partitioning) plus
+    :func:`snapshotkit._take.merge_results` (the manifest merge) on one core. Target: under
+    2 s at 1,024 x 1,000, and no worse than O(n log n) growth.
+
+Usage::
+
+    python benchmarks/bench_dist.py --out benchmarks/results/bench_dist-<date>.json
+    python benchmarks/bench_dist.py --model-bytes 64MiB --dtensor-bytes 64MiB \
+        --planning-ranks 8,16 --planning-entries 100 --out /tmp/smoke.json    # a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C
+
+LAYER_BYTES = 64 * C.MiB
+
+
+# --------------------------------------------------------------------------- launching ranks
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank_entry(rank: int, world: int, port: int, out_dir: str, part: str, args: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
+    try:
+        result = PARTS[part](rank, world, args)
+    finally:
+        dist.destroy_process_group()
+    Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
+
+
+def run_ranks(world: int, part: str, args: dict[str, Any]) -> list[dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.start_processes(
+            _rank_entry, args=(world, _free_port(), out_dir, part, args), nprocs=world, start_method="forkserver"
+        )
+        return [json.loads(Path(out_dir, f"{r}.json").read_text()) for r in range(world)]
+
+
+# --------------------------------------------------------------------------- replicated
+
+
+def _model(model_bytes: int) -> Any:
+    import torch
+
+    side = int(math.sqrt(LAYER_BYTES // 4))
+    layers = max(1, model_bytes // (side * side * 4))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return torch.nn.Sequential(*(torch.nn.Linear(side, side, bias=False) for _ in range(layers)))
+
+
+def _replicated_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from snapshotkit import Snapshot
+
+    model = DistributedDataParallel(_model(args["model_bytes"]))
+    dist.barrier()
+    started = time.perf_counter()
+    Snapshot.take(args["path"], {"model": model}, memory_budget_bytes=args["budget"])
+    elapsed = time.perf_counter() - started
+    dist.barrier()
+    return {"seconds": elapsed}
+
+
+def _single_take(path: str, model_bytes: int, budget: int) -> float:
+    from snapshotkit import Snapshot
+
+    model = _model(model_bytes)
+    started = time.perf_counter()
+    Snapshot.take(path, {"model": model}, memory_budget_bytes=budget)
+    return time.perf_counter() - started
+
+
+def part_replicated(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    model_bytes = int(args.model_bytes)
+    path = str(scratch / "replicated")
+    results = run_ranks(args.ranks, "replicated", {"path": path, "model_bytes": model_bytes, "budget": args.budget})
+    per_rank = dict.fromkeys(range(args.ranks), 0)
+    for name in os.listdir(Path(path, "data")):
+        per_rank[int(name.split("_")[0])] += os.path.getsize(Path(path, "data", name))
+    total = sum(per_rank.values())
+    stored = sum(p.numel() * p.element_size() for p in _model(model_bytes).parameters())
+    shutil.rmtree(path)
+    single_path = str(scratch / "single")
+    single = _single_take(single_path, model_bytes, args.budget)
+    shutil.rmtree(single_path)
+    multi = max(r["seconds"] for r in results)
+    return {
+        "ranks": args.ranks,
+        "model_bytes": stored,
+        "written_bytes": total,
+        "written_over_model": total / stored,
+        "share_per_rank": [per_rank[r] / total for r in range(args.ranks)],
+        "take_seconds_multi_rank": multi,
+        "take_seconds_one_process": single,
+        "multi_over_single": multi / single,
+    }
+
+
+# --------------------------------------------------------------------------- reshard
+
+
+def _dtensor_shape(nbytes: int) -> tuple[int, int]:
+    cols = 4096
+    return (max(8, nbytes // (4 * cols)), cols)
+
+
+def _reshard_take(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from snapshotkit import Snapshot, StateDict
+
+    mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
+    rows, cols = args["shape"]
+    torch.manual_seed(0)
+    full = torch.randn(rows, cols) if rank == 0 else torch.empty(rows, cols)
+    table = distribute_tensor(full, mesh, [Shard(0)])
+    del full
+    Snapshot.take(args["path"], {"t": StateDict(w=table)}, memory_budget_bytes=args["budget"])
+    return {}
+
+
+def _reshard_restore(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from snapshotkit import Snapshot, StateDict
+
+    mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
+    rows, cols = args["shape"]
+    placement = Shard(args["dim"])
+    table = distribute_tensor(torch.empty(rows, cols), mesh, [placement])
+    needed = table.to_local().numel() * 4
+    os.sync()
+    before = C.proc_io()
+    started = time.perf_counter()
+    Snapshot(args["path"]).restore({"t": StateDict(w=table)}, memory_budget_bytes=args["budget"])
+    elapsed = time.perf_counter() - started
+    after = C.proc_io()
+    return {"needed_bytes": needed, "read_bytes": after["rchar"] - before["rchar"], "seconds": elapsed}
+
+
+def part_reshard(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    shape = _dtensor_shape(int(args.dtensor_bytes))
+    path = str(scratch / "dtensor")
+    run_ranks(args.ranks, "reshard_take", {"path": path, "shape": shape, "budget": args.budget})
+    out: dict[str, Any] = {"shape": shape, "saved_ranks": args.ranks, "restored_ranks": args.ranks // 2}
+    for dim in (0, 1):
+        results = run_ranks(
+            args.ranks // 2, "reshard_restore", {"path": path, "shape": shape, "dim": dim, "budget": args.budget}
+        )
+        out[f"shard{dim}"] = {
+            "per_rank": results,
+            "max_read_over_needed": max(r["read_bytes"] / r["needed_bytes"] for r in results),
+        }
+    shutil.rmtree(path)
+    return out
+
+
+# --------------------------------------------------------------------------- planning at scale
+
+
+def _simulated(ranks: int, entries: int) -> tuple[list[Any], list[Any]]:
+    """Per-rank descriptions and results: half the entries replicated (same on every rank),
+    half rank-local optimizer state."""
+    from snapshotkit._take import RankInfo, RankResult
+    from snapshotkit.manifest import Piece, TensorEntry
+
+    half = entries // 2
+    replicated = {
+        f"model/layer{i}.weight": ("tensor", "float32", (256, 256), "raw", 256 * 256 * 4) for i in range(half)
+    }
+    infos = [RankInfo("/ckpt", ["model/**"], replicated, {}, half * 256 * 256 * 4 + half * 4096) for _ in range(ranks)]
+    checksum = "crc32c:00000000"
+    results = []
+    for rank in range(ranks):
+        piece = (Piece(f"data/{rank}_0", (0, 4096), checksum),)
+        local = {f"{rank}/optim/state/{i}": TensorEntry("float32", (1024,), "raw", piece) for i in range(half)}
+        results.append(RankResult(dict(local), {}))
+    return infos, results
+
+
+def part_planning(args: argparse.Namespace) -> dict[str, Any]:
+    from snapshotkit._take import decide, merge_results
+    from snapshotkit.manifest import Piece
+
+    rows = []
+    for ranks in [int(r) for r in args.planning_ranks.split(",")]:
+        infos, results = _simulated(ranks, args.planning_entries)
+        started = time.process_time()
+        decision = decide(infos, chunk_bytes=16 * C.MiB)
+        decided = time.process_time()
+        # every rank reports the pieces of replicated leaves it was given
+        for key, owner in decision.owner.items():
+            results[owner].shared[key] = Piece(f"data/{owner}_1", (0, 1), "crc32c:00000000")
+        merge_started = time.process_time()
+        manifest = merge_results(results, decision, {})
+        merged = time.process_time()
+        total_entries = ranks * args.planning_entries
+        rows.append(
+            {
+                "ranks": ranks,
+                "entries_per_rank": args.planning_entries,
+                "total_entries": total_entries,
+                "decide_seconds": decided - started,
+                "merge_seconds": merged - merge_started,
+                "total_seconds": (decided - started) + (merged - merge_started),
+                "manifest_entries": len(manifest),
+            }
+        )
+    for row in rows:
+        n = row["total_entries"]
+        row["seconds_per_n_log_n"] = row["total_seconds"] / (n * math.log2(n))
+    return {"rows": rows}
+
+
+PARTS = {"replicated": _replicated_rank, "reshard_take": _reshard_take, "reshard_restore": _reshard_restore}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default="replicated,reshard,planning")
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--model-bytes", type=C.parse_size, default=C.GiB)
+    parser.add_argument("--dtensor-bytes", type=C.parse_size, default=C.GiB)
+    parser.add_argument("--budget", type=C.parse_size, default=256 * C.MiB)
+    parser.add_argument("--planning-ranks", default="64,256,1024")
+    parser.add_argument("--planning-entries", type=int, default=1000)
+    parser.add_argument("--scratch", default=None, help="directory for snapshots (default: a temp dir)")
+    parser.add_argument("--out", default=None, help="write the JSON report here")
+    args = parser.parse_args()
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "snapshotkit"])
+    parts = args.parts.split(",")
+    scratch = Path(tempfile.mkdtemp(prefix="bench-dist-", dir=args.scratch))
+    report: dict[str, Any] = {"machine": C.machine_facts(str(scratch)), "args": vars(args)}
+    try:
+        if "planning" in parts:
+            report["planning"] = part_planning(args)
+            print("planning (one core):")
+            for row in report["planning"]["rows"]:
+                print(
+                    f"  {row['ranks']:>5} ranks x {row['entries_per_rank']} entries: "
+                    f"decide {row['decide_seconds']:.3f} s"
+                    f" + merge {row['merge_seconds']:.3f} s = {row['total_seconds']:.3f} s"
+                    f" ({row['seconds_per_n_log_n'] * 1e9:.1f} ns per n log2 n)"
+                )
+        if "replicated" in parts:
+            r = report["replicated"] = part_replicated(args, scratch)
+            shares = ", ".join(f"{s:.1%}" for s in r["share_per_rank"])
+            print(
+                f"replicated DDP model {C.fmt_bytes(r['model_bytes'])} on {r['ranks']} ranks: wrote "
+                f"{C.fmt_bytes(r['written_bytes'])} ({r['written_over_model']:.4f}x the model), shares {shares}; "
+                f"take {r['take_seconds_multi_rank']:.2f} s vs one process {r['take_seconds_one_process']:.2f} s "
+                f"({r['multi_over_single']:.2f}x)"
+            )
+        if "reshard" in parts:
+            r = report["reshard"] = part_reshard(args, scratch)
+            for dim in (0, 1):
+                entry = r[f"shard{dim}"]
+                reads = ", ".join(
+                    f"{C.fmt_bytes(x['read_bytes'])}/{C.fmt_bytes(x['needed_bytes'])}" for x in entry["per_rank"]
+                )
+                print(
+                    f"reshard {r['saved_ranks']} -> {r['restored_ranks']} ranks, Shard(0) -> Shard({dim}): read/needed "
+                    f"per rank {reads}; max {entry['max_read_over_needed']:.3f}x"
+                )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
