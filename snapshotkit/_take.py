@@ -687,6 +687,13 @@ def take_on_group(
     with gc_paused():
         decision = decide(infos, chunk_bytes=config.chunk_bytes)
         plan = plan_rank(local, decision, rank=group.rank, config=config, take_id=infos[0].take_id)
+    if group.rank == 0 and decision.differing:
+        shown = ", ".join(f"{p!r} (ranks {r[:4]})" for p, r in sorted(decision.differing.items())[:5])
+        warnings.warn(
+            f"{len(decision.differing)} path(s) match replicated= patterns but differ between ranks, e.g. {shown}; "
+            "they are stored per rank instead",
+            stacklevel=3,
+        )
     target = infos[0].path
     written: list[str] = []
     result: RankResult | None = None

@@ -78,7 +78,9 @@ class Snapshot:
                 :class:`~snapshotkit.StateDict`, ...).
             pg: the process group (see the class docstring).
             replicated: glob patterns over logical paths (``"optim/**"``) of state that is the
-                same on every rank; recorded as replicated in the manifest.
+                same on every rank. A pattern counts if every rank passes it; matching leaves
+                that every rank holds alike are written once, spread over the ranks. State of
+                ``DistributedDataParallel`` modules is inferred replicated.
             storage_options: passed to the storage plugin.
             memory_budget_bytes: host bytes the pipeline may hold at once (default:
                 ``SNAPSHOTKIT_MEMORY_BUDGET_BYTES``, else 60% of available RAM, at most 32 GiB).
@@ -90,6 +92,8 @@ class Snapshot:
             SnapshotExistsError: ``path`` already holds a snapshot (it is never overwritten).
             InvalidAppStateError: an ``app_state`` value is not Stateful.
             UnsupportedValueError: a leaf cannot be stored (unpicklable, meta tensor).
+            RankFailedError: another rank failed (its error is the cause); nothing was committed.
+            CollectiveTimeoutError: other ranks did not reach a step of the take in time.
         """
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
         group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)

@@ -72,9 +72,7 @@ def _restore_fsdp(rank: int, world: int, path: str) -> dict[str, Any]:
     model_sd, optim_sd = get_state_dict(model, optim)
     app_state = {"model": StateDict(model_sd), "optim": StateDict(optim_sd)}
     Snapshot(path).restore(app_state)
-    set_state_dict(
-        model, optim, model_state_dict=dict(app_state["model"]), optim_state_dict=dict(app_state["optim"])
-    )
+    set_state_dict(model, optim, model_state_dict=dict(app_state["model"]), optim_state_dict=dict(app_state["optim"]))
     model_sd, optim_sd = get_state_dict(model, optim)
     return {"model": _full(model_sd), "optim": _full(optim_sd)}
 

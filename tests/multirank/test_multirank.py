@@ -128,18 +128,24 @@ def test_one_big_replicated_tensor_is_spread_over_ranks(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ glob semantics
 
 
-def _globs(rank: int, world: int, path: str) -> None:
-    state = StateDict(shared=torch.ones(4), extra=torch.ones(2), note="same")
+def _globs(rank: int, world: int, path: str) -> str:
+    import warnings
+
+    state = StateDict(shared=torch.ones(4), extra=torch.ones(2), note="same", differs=torch.ones(2 + rank))
     if rank == 0:
         state["only_on_zero"] = torch.zeros(2)
-    patterns = ["state/shared", "state/extra", "state/note", "state/only_on_zero"] if rank == 0 else ["state/shared"]
-    patterns.append("state/note") if rank != 0 else None
-    Snapshot.take(path, {"state": state}, replicated=patterns)
+        patterns = ["state/shared", "state/extra", "state/note", "state/only_on_zero", "state/differs"]
+    else:
+        patterns = ["state/shared", "state/note", "state/differs"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Snapshot.take(path, {"state": state}, replicated=patterns)
+    return "; ".join(str(w.message) for w in caught)
 
 
 def test_glob_patterns_count_only_if_every_rank_passes_them(tmp_path: Path) -> None:
     path = str(tmp_path / "snap")
-    run_ranks(2, _globs, path)
+    warned = run_ranks(2, _globs, path)
     manifest = Snapshot(path).get_manifest()
     assert manifest["0/state/shared"].replicated and "1/state/shared" not in manifest  # type: ignore[union-attr]
     assert manifest["0/state/note"].replicated  # type: ignore[union-attr]
@@ -147,6 +153,9 @@ def test_glob_patterns_count_only_if_every_rank_passes_them(tmp_path: Path) -> N
     assert not manifest["0/state/extra"].replicated and "1/state/extra" in manifest  # type: ignore[union-attr]
     # exists on rank 0 only: never replicated
     assert not manifest["0/state/only_on_zero"].replicated  # type: ignore[union-attr]
+    # different shapes: stored per rank, and rank 0 says so
+    assert manifest["0/state/differs"].shape == (2,) and manifest["1/state/differs"].shape == (3,)  # type: ignore[union-attr]
+    assert "'state/differs' (ranks [1])" in warned[0] and "stored per rank" in warned[0]
 
 
 # ------------------------------------------------------------------ elasticity: 3 -> 4, 4 -> 2
