@@ -650,28 +650,35 @@ def ddp_replicated_patterns(app_state: Mapping[str, Stateful]) -> list[str]:
     return patterns
 
 
-def take_on_group(
+@dataclasses.dataclass
+class PreparedTake:
+    """A take after the first exchange: this rank's plan, identical decisions on every rank."""
+
+    path: str  # rank 0's path, which every rank writes to
+    local: LocalState
+    decision: Decision
+    plan: TakePlan
+    take_id: str
+
+
+def prepare_take(
     path: str,
     app_state: object,
     *,
     group: Group,
     config: Config,
     replicated: Sequence[str],
-    open_plugin: Callable[[], StoragePlugin],
-) -> SnapshotMetadata | None:
-    """Take a snapshot SPMD on every rank of ``group``; rank 0 returns the committed metadata.
-
-    Three exchanges keep the ranks in step whatever happens on any of them: after describing the
-    state (nothing written yet), after writing the data objects, after rank 0's commit. A failure
-    on any rank makes every rank raise at the next exchange, and each rank deletes what it wrote.
-    """
+    open_plugin: Callable[[str], StoragePlugin],
+) -> PreparedTake:
+    """Collect and describe this rank's state, exchange descriptions, and plan (shared by
+    ``take`` and ``async_take``). Objects are serialized here; nothing is written yet."""
     local: LocalState | None = None
     info: RankInfo | None = None
     error: BaseException | None = None
     try:
         states_of = validate_app_state(app_state)
         if group.rank == 0:
-            run_sync(_refuse_existing(open_plugin(), path))
+            run_sync(_refuse_existing(open_plugin(path), path))
         states = collect_state(states_of)
         patterns = list(dict.fromkeys([*replicated, *ddp_replicated_patterns(states_of)]))
         with gc_paused():
@@ -692,15 +699,40 @@ def take_on_group(
         warnings.warn(
             f"{len(decision.differing)} path(s) match replicated= patterns but differ between ranks, e.g. {shown}; "
             "they are stored per rank instead",
-            stacklevel=3,
+            stacklevel=4,
         )
-    target = infos[0].path
+    return PreparedTake(infos[0].path, local, decision, plan, infos[0].take_id)
+
+
+def sharded_layouts(local: LocalState) -> dict[str, str]:
+    return {p: leaf.layout for p, leaf in local.leaves.items() if isinstance(leaf, _ShardedLeaf)}
+
+
+def take_on_group(
+    path: str,
+    app_state: object,
+    *,
+    group: Group,
+    config: Config,
+    replicated: Sequence[str],
+    open_plugin: Callable[[str], StoragePlugin],
+) -> tuple[str, SnapshotMetadata | None]:
+    """Take a snapshot SPMD on every rank of ``group``: the path written (rank 0's) and, on rank
+    0, the committed metadata.
+
+    Three exchanges keep the ranks in step whatever happens on any of them: after describing the
+    state (nothing written yet), after writing the data objects, after rank 0's commit. A failure
+    on any rank makes every rank raise at the next exchange, and each rank deletes what it wrote.
+    """
+    prepared = prepare_take(path, app_state, group=group, config=config, replicated=replicated, open_plugin=open_plugin)
+    local, decision, plan = prepared.local, prepared.decision, prepared.plan
+    target = prepared.path
     written: list[str] = []
     result: RankResult | None = None
     error = None
 
     async def write() -> RankResult:
-        plugin = open_plugin()
+        plugin = open_plugin(target)
         try:
             return await write_rank(plugin, plan, path=target, config=config, written=written)
         finally:
@@ -717,18 +749,19 @@ def take_on_group(
         error = None
         if group.rank == 0:
             try:
-                layouts = {p: leaf.layout for p, leaf in local.leaves.items() if isinstance(leaf, _ShardedLeaf)}
                 with gc_paused():
-                    metadata = build_metadata(merge_results(results, decision, layouts), group.world_size)
-                run_sync(_commit_with(open_plugin(), metadata, target))
+                    metadata = build_metadata(
+                        merge_results(results, decision, sharded_layouts(local)), group.world_size
+                    )
+                run_sync(_commit_with(open_plugin(target), metadata, target))
             except Exception as exc:
                 error = exc
         group.exchange(None, error, "take: committing the manifest")
     except BaseException:
         if written:
-            run_sync(_discard_with(open_plugin(), written))
+            run_sync(_discard_with(open_plugin(target), written))
         raise
-    return metadata
+    return target, metadata
 
 
 async def _refuse_existing(plugin: StoragePlugin, path: str) -> None:

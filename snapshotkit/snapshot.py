@@ -97,15 +97,16 @@ class Snapshot:
         """
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
         group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)
-        snapshot = cls(path, pg=pg, storage_options=storage_options)
-        metadata = take_on_group(
-            snapshot.path,
+        options = dict(storage_options or {})
+        target, metadata = take_on_group(
+            str(path),
             app_state,
             group=group,
             config=config,
             replicated=list(replicated or ()),
-            open_plugin=snapshot._plugin,
+            open_plugin=lambda where: url_to_storage_plugin(where, options),
         )
+        snapshot = cls(target, pg=pg, storage_options=options)
         snapshot._metadata = metadata  # None on ranks other than 0: read on first use
         return snapshot
 

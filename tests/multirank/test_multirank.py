@@ -379,7 +379,8 @@ def _subgroup(rank: int, world: int, root: str) -> str:
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            Snapshot.take(path, {"s": StateDict(rank=rank)}, pg=group)
+            taken = Snapshot.take(path, {"s": StateDict(rank=rank, data=torch.full((1000,), rank))}, pg=group)
+            assert taken.path == f"{root}/from-rank-0"
         return "; ".join(str(w.message) for w in caught)
     return ""
 
