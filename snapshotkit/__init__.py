@@ -10,6 +10,7 @@ weight = Snapshot("/ckpt/step_1000").read_object("model/layer1.weight")
 from __future__ import annotations
 
 from . import errors
+from ._async_take import PendingSnapshot
 from ._version import __version__
 from .manifest import SnapshotMetadata
 from .snapshot import Snapshot
@@ -17,6 +18,7 @@ from .stateful import AppState, RNGState, StateDict, Stateful
 
 __all__ = [
     "AppState",
+    "PendingSnapshot",
     "RNGState",
     "Snapshot",
     "SnapshotMetadata",

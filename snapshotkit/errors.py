@@ -22,6 +22,8 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     ├── ConfigError                    (ValueError)         bad argument or SNAPSHOTKIT_* variable
     ├── RankFailedError                (RuntimeError)       another rank of a multi-rank take/restore failed
     ├── CollectiveTimeoutError         (TimeoutError)       other ranks did not arrive in time
+    ├── WaitTimeoutError               (TimeoutError)       PendingSnapshot.wait(timeout) ran out
+    ├── CheckpointDaemonError          (RuntimeError)       the async_take daemon process died
     └── StorageError                   (OSError)            a storage plugin failed
         ├── UnknownStorageSchemeError  (ValueError)         no plugin for a URI scheme
         ├── StoragePermissionError     (PermissionError)    credentials refused (403): not retried
@@ -37,6 +39,7 @@ import pickle
 
 __all__ = [
     "BucketNotFoundError",
+    "CheckpointDaemonError",
     "ChecksumMismatchError",
     "CollectiveTimeoutError",
     "ConfigError",
@@ -59,6 +62,7 @@ __all__ = [
     "UnsafeObjectError",
     "UnsupportedFormatVersionError",
     "UnsupportedValueError",
+    "WaitTimeoutError",
 ]
 
 
@@ -152,6 +156,14 @@ class CollectiveTimeoutError(SnapshotkitError, TimeoutError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class WaitTimeoutError(SnapshotkitError, TimeoutError):
+    """``PendingSnapshot.wait(timeout)`` returned before the snapshot was committed."""
+
+
+class CheckpointDaemonError(SnapshotkitError, RuntimeError):
+    """The checkpoint daemon process of ``async_take(executor="process")`` died or cannot be reached."""
 
 
 class StorageError(SnapshotkitError, OSError):

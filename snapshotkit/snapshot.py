@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from ._async import run_sync
+from ._async_take import PendingSnapshot
+from ._async_take import async_take as async_take_on_group
 from ._budget import MemoryBudget
 from ._config import Config
 from ._dist import resolve_group
@@ -109,6 +111,53 @@ class Snapshot:
         snapshot = cls(target, pg=pg, storage_options=options)
         snapshot._metadata = metadata  # None on ranks other than 0: read on first use
         return snapshot
+
+    @classmethod
+    def async_take(
+        cls,
+        path: str,
+        app_state: AppState,
+        *,
+        pg: Any | None = None,
+        replicated: Sequence[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        memory_budget_bytes: int | None = None,
+        executor: str = "thread",
+    ) -> PendingSnapshot:
+        """Stage ``app_state`` and return; write and commit in the background.
+
+        Returns once everything the caller could change has been copied: ``state_dict()`` was
+        called, objects serialized, and every tensor piece copied into staging buffers (GPU
+        tensors through pinned buffers on a side stream). From then on, nothing the caller does
+        to its modules, optimizers or tensors changes the snapshot. Staging holds at most
+        ``memory_budget_bytes`` at once: beyond it, ``async_take`` waits for background writes
+        to drain. Another ``async_take`` while one is pending queues behind it (its writes go
+        after the earlier ones; snapshots to different paths never mix).
+
+        Args:
+            executor: ``"thread"`` writes on snapshotkit's background I/O thread;
+                ``"process"`` hands staged objects, through shared memory, to a checkpoint
+                daemon process started on first use and reused, so checksumming and storage
+                calls never compete with training for the GIL.
+            Others: as for :meth:`take`.
+
+        Returns:
+            A :class:`PendingSnapshot`: ``wait()`` returns the committed :class:`Snapshot` or
+            raises what went wrong; ``done()`` polls.
+        """
+        config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
+        group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)
+        options = dict(storage_options or {})
+        return async_take_on_group(
+            str(path),
+            app_state,
+            group=group,
+            config=config,
+            replicated=list(replicated or ()),
+            storage_options=options,
+            executor=executor,
+            snapshot_factory=lambda where: cls(where, pg=pg, storage_options=options),
+        )
 
     def _plugin(self) -> StoragePlugin:
         return url_to_storage_plugin(self.path, self._storage_options)

@@ -1,0 +1,97 @@
+"""The checkpoint daemon of ``async_take(executor="process")``: ``python -m snapshotkit._daemon <fd>``.
+
+It reads messages from the socket ``fd`` (a :class:`multiprocessing.connection.Connection`):
+first the runtime storage-plugin registrations to repeat, then ``("write", job, path,
+storage_options, location, shared_memory_name, nbytes, slots)`` for each staged data object,
+``("release", name)``, ``("stop",)``. For each write it checksums the staged bytes in the
+shared-memory segment, writes them with the storage plugin for ``path`` and answers
+``("done", job, checksums)`` or ``("error", job, exception, text)``. It exits when told to or
+when the trainer goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing.connection
+import sys
+import threading
+import traceback
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+from ._async_take import _checksums
+from ._dist import _portable
+from .storage import StoragePlugin, register_storage_plugin, url_to_storage_plugin
+
+
+def serve(connection: multiprocessing.connection.Connection) -> None:
+    """Write staged objects from shared memory until told to stop."""
+    import torch
+
+    torch.set_num_threads(1)
+    for scheme, factory in connection.recv().items():
+        register_storage_plugin(scheme, factory)
+    loop = asyncio.new_event_loop()
+    plugins: dict[tuple[str, str], StoragePlugin] = {}
+    segments: dict[str, shared_memory.SharedMemory] = {}
+    send_lock = threading.Lock()
+
+    def reply(message: tuple[Any, ...]) -> None:
+        with send_lock:
+            connection.send(message)
+
+    async def write(
+        job: int, path: str, options: dict[str, Any], location: str, name: str, nbytes: int, slots: Any
+    ) -> None:
+        try:
+            key = (path, repr(sorted(options.items())))
+            plugin = plugins.get(key)
+            if plugin is None:
+                plugin = plugins[key] = url_to_storage_plugin(path, options)
+            segment = segments.get(name)
+            if segment is None:
+                segment = segments[name] = shared_memory.SharedMemory(name=name)
+                # The trainer owns the segment; this process must not unlink it when it exits.
+                resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+            assert segment.buf is not None
+            view = segment.buf[:nbytes]
+            try:
+                checksums = await loop.run_in_executor(None, _checksums, view, slots)
+                await plugin.write(location, [view])
+            finally:
+                view.release()
+            reply(("done", job, checksums))
+        except BaseException as exc:  # reported to the trainer, which raises it from wait()
+            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            reply(("error", job, _portable(exc), text))
+
+    def receive() -> None:
+        while True:
+            try:
+                message = connection.recv()
+            except (EOFError, OSError):
+                break
+            if message[0] == "stop":
+                break
+            if message[0] == "release":
+                segment = segments.pop(message[1], None)
+                if segment is not None:
+                    segment.close()
+                continue
+            asyncio.run_coroutine_threadsafe(write(*message[1:]), loop)
+        loop.call_soon_threadsafe(loop.stop)
+
+    threading.Thread(target=receive, name="snapshotkit-daemon-reader", daemon=True).start()
+    loop.run_forever()
+    for plugin in plugins.values():
+        loop.run_until_complete(plugin.close())
+    for segment in segments.values():
+        segment.close()
+
+
+def main() -> None:
+    serve(multiprocessing.connection.Connection(int(sys.argv[1])))
+
+
+if __name__ == "__main__":
+    main()
