@@ -48,7 +48,7 @@ import torch
 from ._async import get_loop, run_sync
 from ._checksum import crc32c
 from ._config import Config
-from ._dist import Group, RankOutcome, _portable
+from ._dist import Group, RankOutcome, portable
 from ._gc import gc_paused
 from ._plan import DataObjectPlan
 from ._serialization import byte_view, flat_range_views, tensor_from_bytes
@@ -129,7 +129,7 @@ def stage_object(plan: DataObjectPlan, payloads: Sequence[Payload], out: memoryv
             target = tensor_from_bytes(destination, source.dtype, (last - first,))
             gpu = source.is_cuda and stream is not None
             pending_gpu = pending_gpu or gpu
-            with torch.cuda.stream(stream) if gpu else _no_context():
+            with torch.cuda.stream(stream) if gpu else contextlib.nullcontext():
                 position_in_target = 0
                 for view in flat_range_views(source, first, last):
                     count = view.numel()
@@ -142,19 +142,7 @@ def stage_object(plan: DataObjectPlan, payloads: Sequence[Payload], out: memoryv
         stream.synchronize()
 
 
-class _NoContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _no_context() -> _NoContext:
-    return _NoContext()
-
-
-def _checksums(view: memoryview, slots: Sequence[tuple[int, int, int, int]]) -> dict[tuple[int, int], int]:
+def staged_checksums(view: memoryview, slots: Sequence[tuple[int, int, int, int]]) -> dict[tuple[int, int], int]:
     """CRC-32C of each ``(payload, start, offset, nbytes)`` slot of a staged object."""
     return {(payload, start): crc32c(view[offset : offset + nbytes]) for payload, start, offset, nbytes in slots}
 
@@ -211,7 +199,7 @@ class _ThreadWriter:
         async def write() -> dict[tuple[int, int], int]:
             async with io_slots:
                 loop = asyncio.get_running_loop()
-                checksums = await loop.run_in_executor(None, _checksums, view, slots)
+                checksums = await loop.run_in_executor(None, staged_checksums, view, slots)
                 await plugin.write(location, [view])
             return checksums
 
@@ -658,7 +646,7 @@ def _commit_through_store(
     store = _store()
     prefix = f"snapshotkit/{prepared.take_id}/{prepared.path}/"
     timeout = datetime.timedelta(seconds=config.collective_timeout_seconds)
-    mine = RankOutcome(result) if error is None else RankOutcome(None, _portable(error), _describe(error))
+    mine = RankOutcome(result) if error is None else RankOutcome(None, portable(error), _describe(error))
     store.set(f"{prefix}result/{group.rank}", pickle.dumps(mine))
 
     def wait_for(keys: list[str], what: str) -> None:
@@ -697,7 +685,7 @@ def _commit_through_store(
             if not failed and commit_error is None
             else RankOutcome(
                 None,
-                _portable(commit_error) if commit_error is not None else failed[0][1].error,
+                portable(commit_error) if commit_error is not None else failed[0][1].error,
                 _describe(commit_error) if commit_error is not None else failed[0][1].error_text,
             )
         )

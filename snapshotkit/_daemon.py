@@ -19,8 +19,8 @@ import traceback
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
-from ._async_take import _checksums
-from ._dist import _portable
+from ._async_take import staged_checksums
+from ._dist import portable
 from .storage import StoragePlugin, register_storage_plugin, url_to_storage_plugin
 
 
@@ -56,14 +56,14 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
             assert segment.buf is not None
             view = segment.buf[:nbytes]
             try:
-                checksums = await loop.run_in_executor(None, _checksums, view, slots)
+                checksums = await loop.run_in_executor(None, staged_checksums, view, slots)
                 await plugin.write(location, [view])
             finally:
                 view.release()
             reply(("done", job, checksums))
         except BaseException as exc:  # reported to the trainer, which raises it from wait()
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            reply(("error", job, _portable(exc), text))
+            reply(("error", job, portable(exc), text))
 
     def receive() -> None:
         while True:

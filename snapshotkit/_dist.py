@@ -18,10 +18,9 @@ import dataclasses
 import datetime
 import pickle
 import traceback
-from collections.abc import Sequence
 from typing import Any
 
-from .errors import CollectiveTimeoutError, ConfigError, RankFailedError, SnapshotkitError
+from .errors import CollectiveTimeoutError, ConfigError, RankFailedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +32,7 @@ class RankOutcome:
     error_text: str = ""
 
 
-def _portable(error: BaseException) -> BaseException | None:
+def portable(error: BaseException) -> BaseException | None:
     """``error`` if it survives pickling (most exceptions do), else None."""
     try:
         pickle.loads(pickle.dumps(error))  # noqa: S301 - our own bytes
@@ -124,7 +123,7 @@ class Group:
             return [value]
         if error is not None:
             detail = "".join(traceback.format_exception_only(type(error), error)).strip()
-            outcome = RankOutcome(None, _portable(error), detail)
+            outcome = RankOutcome(None, portable(error), detail)
         else:
             outcome = RankOutcome(value)
         outcomes: list[RankOutcome] = self.all_gather_object(outcome, what)
@@ -164,11 +163,3 @@ def resolve_group(pg: Any | None, *, timeout_seconds: float = 1800.0) -> Group:
             "the ranks of that group"
         )
     return Group(rank, dist.get_world_size(pg), pg, timeout_seconds)
-
-
-def lowest_failure(errors: Sequence[BaseException | None]) -> BaseException | None:
-    """The first error in rank order, if any."""
-    return next((e for e in errors if e is not None), None)
-
-
-__all__ = ["Group", "RankOutcome", "SnapshotkitError", "lowest_failure", "resolve_group"]
