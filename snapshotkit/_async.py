@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import sys
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -24,16 +25,40 @@ _CANCEL_CLEANUP_TIMEOUT_S = 60.0
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+_background_loops: dict[int, asyncio.AbstractEventLoop] = {}
 
 
-def _start_loop() -> asyncio.AbstractEventLoop:
+def lower_thread_priority(niceness: int) -> None:
+    """Give the calling thread the scheduling niceness ``niceness`` (0 = unchanged, 19 = lowest).
+
+    On Linux niceness is per thread, and threads inherit their creator's; elsewhere this changes
+    the whole process, so it is only done on Linux. A niceness can only be raised without
+    privileges; a failure leaves the thread as it was.
+    """
+    if niceness <= 0 or sys.platform != "linux":
+        return
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, 0)
+        if niceness > current:
+            os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    except OSError:  # pragma: no cover - e.g. a seccomp profile that forbids it
+        pass
+
+
+def _start_loop(name: str = "snapshotkit-loop", niceness: int = 0) -> asyncio.AbstractEventLoop:
     loop = asyncio.new_event_loop()
     loop.set_default_executor(
-        concurrent.futures.ThreadPoolExecutor(max_workers=_EXECUTOR_THREADS, thread_name_prefix="snapshotkit-io")
+        concurrent.futures.ThreadPoolExecutor(
+            max_workers=_EXECUTOR_THREADS,
+            thread_name_prefix="snapshotkit-io" if niceness == 0 else f"{name}-io",
+            initializer=lower_thread_priority,
+            initargs=(niceness,),
+        )
     )
     ready = threading.Event()
 
     def run() -> None:
+        lower_thread_priority(niceness)
         asyncio.set_event_loop(loop)
         loop.call_soon(ready.set)
         while True:
@@ -46,15 +71,29 @@ def _start_loop() -> asyncio.AbstractEventLoop:
                 # call (and the caller waiting on that task) would hang.
                 continue
 
-    threading.Thread(target=run, name="snapshotkit-loop", daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=True).start()
     ready.wait()
     return loop
 
 
+def background_loop(niceness: int) -> asyncio.AbstractEventLoop:
+    """A second loop for background writes (``async_take``), its threads at ``niceness``.
+
+    Kept apart from :func:`get_loop` because a thread's niceness cannot be lowered again: the
+    loop that serves the caller's own takes and restores keeps normal priority.
+    """
+    with _lock:
+        loop = _background_loops.get(niceness)
+        if loop is None or loop.is_closed():
+            loop = _background_loops[niceness] = _start_loop(f"snapshotkit-background-{niceness}", niceness)
+        return loop
+
+
 def _forget_loop_after_fork() -> None:
-    """A forked child has the parent's loop object but not its thread: start afresh on first use."""
+    """A forked child has the parent's loop objects but not their threads: start afresh on first use."""
     global _loop, _lock
     _loop = None
+    _background_loops.clear()
     _lock = threading.Lock()
 
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._async import get_loop, run_sync
+from ._async import background_loop, run_sync
 from ._checksum import crc32c
 from ._config import Config
 from ._dist import Group, RankOutcome, portable
@@ -91,6 +91,11 @@ class _StagingBudget:
         self.total = total
         self.used = 0
         self._cond = threading.Condition()
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether ``acquire(nbytes)`` would return without waiting."""
+        with self._cond:
+            return self.used == 0 or self.used + nbytes <= self.total
 
     def acquire(self, nbytes: int) -> None:
         with self._cond:
@@ -163,13 +168,15 @@ class _Target:
 
 
 class _ThreadWriter:
-    """Writes staged objects on snapshotkit's I/O loop (a background thread and its pool)."""
+    """Writes staged objects on a background event loop whose threads run at low priority."""
 
     name = "thread"
 
-    def __init__(self) -> None:
+    def __init__(self, niceness: int) -> None:
         self._buffers: dict[int, list[torch.Tensor]] = {}
         self._lock = threading.Lock()
+        self.loop = background_loop(niceness)
+        self._plugins: dict[tuple[str, str], StoragePlugin] = {}
 
     def buffer(self, nbytes: int) -> tuple[memoryview, Any]:
         size = _bucket(nbytes)
@@ -194,7 +201,7 @@ class _ThreadWriter:
         slots: list[tuple[int, int, int, int]],
         io_slots: Any,
     ) -> concurrent.futures.Future[dict[tuple[int, int], int]]:
-        plugin = _plugin_for(target)
+        plugin = self._plugin_for(target)
 
         async def write() -> dict[tuple[int, int], int]:
             async with io_slots:
@@ -203,35 +210,30 @@ class _ThreadWriter:
                 await plugin.write(location, [view])
             return checksums
 
-        return asyncio.run_coroutine_threadsafe(write(), get_loop())
+        return asyncio.run_coroutine_threadsafe(write(), self.loop)
 
     def io_slots(self, count: int) -> Any:
         async def make() -> asyncio.Semaphore:
             return asyncio.Semaphore(count)
 
-        return run_sync(make())
+        return asyncio.run_coroutine_threadsafe(make(), self.loop).result()
 
+    def _plugin_for(self, target: _Target) -> StoragePlugin:
+        """One plugin instance per (path, options), used only on this writer's loop."""
+        key = (target.path, repr(sorted(target.storage_options.items())))
+        with self._lock:
+            plugin = self._plugins.get(key)
+            if plugin is None:
+                plugin = self._plugins[key] = url_to_storage_plugin(target.path, target.storage_options)
+            return plugin
 
-_plugins: dict[tuple[str, str], StoragePlugin] = {}
-_plugins_lock = threading.Lock()
-
-
-def _plugin_for(target: _Target) -> StoragePlugin:
-    """One plugin instance per (path, options) for the thread writer's pending snapshots."""
-    key = (target.path, repr(sorted(target.storage_options.items())))
-    with _plugins_lock:
-        plugin = _plugins.get(key)
-        if plugin is None:
-            plugin = _plugins[key] = url_to_storage_plugin(target.path, target.storage_options)
-        return plugin
-
-
-def _release_plugin(target: _Target) -> None:
-    key = (target.path, repr(sorted(target.storage_options.items())))
-    with _plugins_lock:
-        plugin = _plugins.pop(key, None)
-    if plugin is not None:
-        run_sync(plugin.close())
+    def release(self, target: _Target) -> None:
+        """Close the plugin of a finished snapshot (on the loop it was used on)."""
+        key = (target.path, repr(sorted(target.storage_options.items())))
+        with self._lock:
+            plugin = self._plugins.pop(key, None)
+        if plugin is not None:
+            asyncio.run_coroutine_threadsafe(plugin.close(), self.loop).result()
 
 
 def _bucket(nbytes: int) -> int:
@@ -242,12 +244,26 @@ def _bucket(nbytes: int) -> int:
 # ---------------------------------------------------------------------------- the daemon
 
 
+# Lowers the daemon's priority before anything is imported: threads that imports start (torch's)
+# inherit the niceness of the thread that creates them.
+_DAEMON_BOOTSTRAP = """\
+import os, sys
+if int(sys.argv[2]) > 0:
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, max(int(sys.argv[2]), os.getpriority(os.PRIO_PROCESS, 0)))
+    except OSError:
+        pass
+from snapshotkit._daemon import main
+main()
+"""
+
+
 class _ProcessWriter:
     """Sends staged objects to the checkpoint daemon through pooled shared-memory segments."""
 
     name = "process"
 
-    def __init__(self) -> None:
+    def __init__(self, niceness: int) -> None:
         from .storage._registry import _registered
 
         registrations = {}
@@ -262,7 +278,7 @@ class _ProcessWriter:
         parent, child = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "snapshotkit._daemon", str(child.fileno())],
+            [sys.executable, "-c", _DAEMON_BOOTSTRAP, str(child.fileno()), str(niceness)],
             pass_fds=(child.fileno(),),
             env=env,
             stdin=subprocess.DEVNULL,
@@ -333,7 +349,7 @@ class _ProcessWriter:
             self._segments.setdefault(handle.size, []).append(handle)
 
     def io_slots(self, count: int) -> Any:
-        return None  # the daemon's own loop bounds concurrency by its thread pool
+        return count  # the daemon holds one semaphore per count
 
     def submit(
         self,
@@ -349,7 +365,17 @@ class _ProcessWriter:
             job = self._next_job
             self._next_job += 1
             self._futures[job] = future
-        message = ("write", job, target.path, target.storage_options, location, handle.name, view.nbytes, slots)
+        message = (
+            "write",
+            job,
+            target.path,
+            target.storage_options,
+            location,
+            handle.name,
+            view.nbytes,
+            slots,
+            io_slots,
+        )
         try:
             if self.dead is not None:
                 raise CheckpointDaemonError(self.dead)
@@ -378,26 +404,30 @@ class _ProcessWriter:
                 pass
 
 
-_writers: dict[str, Any] = {}
+_writers: dict[tuple[str, int], Any] = {}
 _writers_lock = threading.Lock()
 
 
-def _writer(executor: str) -> Any:
+def _writer(executor: str, niceness: int) -> Any:
+    """The writer for ``executor`` at ``niceness``: created on first use, then reused."""
+    key = (executor, niceness)
     with _writers_lock:
-        writer = _writers.get(executor)
+        writer = _writers.get(key)
         if executor == "process" and (writer is None or not writer.alive):
             if writer is not None:
                 writer.shutdown()
-            writer = _writers[executor] = _ProcessWriter()
+            writer = _writers[key] = _ProcessWriter(niceness)
         elif writer is None:
-            writer = _writers[executor] = _ThreadWriter()
+            writer = _writers[key] = _ThreadWriter(niceness)
         return writer
 
 
 def checkpoint_daemon_pid() -> int | None:
-    """The pid of the checkpoint daemon, if one is running (for tests and monitoring)."""
-    writer = _writers.get("process")
-    return writer.process.pid if writer is not None and writer.alive else None
+    """The pid of a running checkpoint daemon, if there is one (for tests and monitoring)."""
+    for (executor, _), writer in list(_writers.items()):
+        if executor == "process" and writer.alive:
+            return int(writer.process.pid)
+    return None
 
 
 # ============================================================================ pending snapshots
@@ -462,8 +492,8 @@ def _wait_for_pending_at_exit() -> None:
     for pending in list(_pending):
         pending._done.wait()
     with _writers_lock:
-        writer = _writers.pop("process", None)
-    if writer is not None:
+        daemons = [_writers.pop(key) for key in list(_writers) if key[0] == "process"]
+    for writer in daemons:
         writer.shutdown()
 
 
@@ -504,7 +534,7 @@ def async_take(
         replicated=replicated,
         open_plugin=lambda where: url_to_storage_plugin(where, options),
     )
-    writer = _writer(executor)
+    writer = _writer(executor, config.background_niceness)
     target = _Target(prepared.path, options)
     budget = _StagingBudget(config.memory_budget_bytes)
     io_slots = writer.io_slots(config.io_concurrency)
@@ -512,20 +542,39 @@ def async_take(
     futures: list[tuple[str, concurrent.futures.Future[dict[tuple[int, int], int]]]] = []
     plan = prepared.plan
     stream = torch.cuda.Stream() if torch.cuda.is_available() and executor == "thread" else None  # type: ignore[no-untyped-call]
+    # Staged objects are handed to the writer only when staging would otherwise wait for the
+    # budget, or at the end: writes then do not compete with staging for CPU and memory bandwidth.
+    staged: list[tuple[DataObjectPlan, memoryview, Any]] = []
+
+    def submit_staged() -> None:
+        for obj, view, handle in staged:
+            future = writer.submit(target, obj.location, view, handle, _slots(obj), io_slots)
+            future.add_done_callback(_releaser(budget, writer, obj.nbytes, handle))
+            futures.append((obj.location, future))
+        staged.clear()
+
     try:
         with gc_paused():
-            for obj in plan.data_objects:
-                budget.acquire(obj.nbytes)
-                view, handle = writer.buffer(obj.nbytes)
-                try:
-                    stage_object(obj, plan.payloads, view, stream)
-                except BaseException:
+            try:
+                for obj in plan.data_objects:
+                    if not budget.fits(obj.nbytes):
+                        submit_staged()
+                    budget.acquire(obj.nbytes)
+                    view, handle = writer.buffer(obj.nbytes)
+                    try:
+                        stage_object(obj, plan.payloads, view, stream)
+                    except BaseException:
+                        budget.release(obj.nbytes)
+                        writer.give_back(handle)
+                        raise
+                    staged.append((obj, view, handle))
+            except BaseException:
+                for obj, _, handle in staged:  # staged but never sent: nothing to write or delete
                     budget.release(obj.nbytes)
                     writer.give_back(handle)
-                    raise
-                future = writer.submit(target, obj.location, view, handle, _slots(obj), io_slots)
-                future.add_done_callback(_releaser(budget, writer, obj.nbytes, handle))
-                futures.append((obj.location, future))
+                staged.clear()
+                raise
+            submit_staged()
     except BaseException as exc:
         # Staging failed on this rank: the others must learn it at the commit step.
         staging_error: BaseException | None = exc
@@ -592,7 +641,7 @@ def _coordinate(
         pending._finish(None)
     finally:
         if isinstance(writer, _ThreadWriter):
-            _release_plugin(target)
+            writer.release(target)
 
 
 def _as_storage_error(exc: BaseException, path: str) -> BaseException:

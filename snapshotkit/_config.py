@@ -51,6 +51,9 @@ class Config:
         verify_checksums: verify the checksum of every piece read.
         collective_timeout_seconds: how long a rank waits for the others in one collective
             step of a multi-rank take or restore before raising ``CollectiveTimeoutError``.
+        background_niceness: scheduling niceness (0-19) of ``async_take``'s background writer
+            threads and checkpoint daemon, so that they take only the CPU time training leaves
+            idle; 0 keeps normal priority.
     """
 
     memory_budget_bytes: int
@@ -59,6 +62,7 @@ class Config:
     io_concurrency: int = 4
     verify_checksums: bool = True
     collective_timeout_seconds: float = 1800.0
+    background_niceness: int = 19
 
     def __post_init__(self) -> None:
         for name in ("memory_budget_bytes", "chunk_bytes", "data_object_bytes", "io_concurrency"):
@@ -68,6 +72,9 @@ class Config:
         timeout = self.collective_timeout_seconds
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ConfigError(f"collective_timeout_seconds must be a positive number, got {timeout!r}")
+        niceness = self.background_niceness
+        if isinstance(niceness, bool) or not isinstance(niceness, int) or not 0 <= niceness <= 19:
+            raise ConfigError(f"background_niceness must be an integer from 0 to 19, got {niceness!r}")
 
     @classmethod
     def resolve(
@@ -96,6 +103,9 @@ class Config:
             value = _env_int(env, var)
             if value is not None:
                 fields[field] = value
+        niceness = _env_int(env, "SNAPSHOTKIT_BACKGROUND_NICENESS", minimum=0, maximum=19)
+        if niceness is not None:
+            fields["background_niceness"] = niceness
         config = cls(memory_budget_bytes=budget, verify_checksums=verify_checksums, **fields)
         timeout = _env_float(env, "SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS")
         return config if timeout is None else dataclasses.replace(config, collective_timeout_seconds=timeout)
@@ -114,16 +124,20 @@ def _env_float(env: Mapping[str, str], name: str) -> float | None:
     return value
 
 
-def _env_int(env: Mapping[str, str], name: str) -> int | None:
+def _env_int(env: Mapping[str, str], name: str, *, minimum: int = 1, maximum: int | None = None) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return None
     try:
         value = int(raw.strip().replace("_", ""))
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer; set it to a byte count such as 268435456") from None
-    if value <= 0:
-        raise ConfigError(f"{name}={raw!r} must be positive")
+        hint = "a byte count such as 268435456" if name.endswith("_BYTES") else "a whole number"
+        raise ConfigError(f"{name}={raw!r} is not an integer; set it to {hint}") from None
+    if value < minimum:
+        wanted = "positive" if minimum == 1 else f">= {minimum}"
+        raise ConfigError(f"{name}={raw!r} must be {wanted}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name}={raw!r} must be at most {maximum}")
     return value
 
 

@@ -1,18 +1,24 @@
-"""The checkpoint daemon of ``async_take(executor="process")``: ``python -m snapshotkit._daemon <fd>``.
+"""The checkpoint daemon of ``async_take(executor="process")``:
+``python -m snapshotkit._daemon <fd> [<niceness>]`` (``async_take`` starts it through a bootstrap
+that lowers the priority before anything is imported).
 
-It reads messages from the socket ``fd`` (a :class:`multiprocessing.connection.Connection`):
-first the runtime storage-plugin registrations to repeat, then ``("write", job, path,
-storage_options, location, shared_memory_name, nbytes, slots)`` for each staged data object,
+It first lowers its scheduling priority to ``niceness`` (every thread it starts inherits it), so
+that it uses only CPU time the trainer leaves idle. Then it reads messages from the socket ``fd``
+(a :class:`multiprocessing.connection.Connection`): first the runtime storage-plugin
+registrations to repeat, then ``("write", job, path, storage_options, location,
+shared_memory_name, nbytes, slots, io_concurrency)`` for each staged data object,
 ``("release", name)``, ``("stop",)``. For each write it checksums the staged bytes in the
-shared-memory segment, writes them with the storage plugin for ``path`` and answers
-``("done", job, checksums)`` or ``("error", job, exception, text)``. It exits when told to or
-when the trainer goes away.
+shared-memory segment, writes them with the storage plugin for ``path`` (at most
+``io_concurrency`` writes at once) and answers ``("done", job, checksums)`` or
+``("error", job, exception, text)``. It exits when told to or when the trainer goes away.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing.connection
+import os
 import sys
 import threading
 import traceback
@@ -24,16 +30,22 @@ from ._dist import portable
 from .storage import StoragePlugin, register_storage_plugin, url_to_storage_plugin
 
 
-def serve(connection: multiprocessing.connection.Connection) -> None:
+def serve(connection: multiprocessing.connection.Connection, niceness: int = 0) -> None:
     """Write staged objects from shared memory until told to stop."""
     import torch
 
+    if niceness > 0:
+        # Normally done already, before imports started threads (see _DAEMON_BOOTSTRAP); on
+        # Linux, threads inherit the niceness of the thread that creates them.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, max(niceness, os.getpriority(os.PRIO_PROCESS, 0)))
     torch.set_num_threads(1)
     for scheme, factory in connection.recv().items():
         register_storage_plugin(scheme, factory)
     loop = asyncio.new_event_loop()
     plugins: dict[tuple[str, str], StoragePlugin] = {}
     segments: dict[str, shared_memory.SharedMemory] = {}
+    slots: dict[int, asyncio.Semaphore] = {}
     send_lock = threading.Lock()
 
     def reply(message: tuple[Any, ...]) -> None:
@@ -41,7 +53,23 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
             connection.send(message)
 
     async def write(
-        job: int, path: str, options: dict[str, Any], location: str, name: str, nbytes: int, slots: Any
+        job: int,
+        path: str,
+        options: dict[str, Any],
+        location: str,
+        name: str,
+        nbytes: int,
+        pieces: Any,
+        io_concurrency: int,
+    ) -> None:
+        semaphore = slots.get(io_concurrency)
+        if semaphore is None:
+            semaphore = slots[io_concurrency] = asyncio.Semaphore(io_concurrency)
+        async with semaphore:
+            await write_one(job, path, options, location, name, nbytes, pieces)
+
+    async def write_one(
+        job: int, path: str, options: dict[str, Any], location: str, name: str, nbytes: int, pieces: Any
     ) -> None:
         try:
             key = (path, repr(sorted(options.items())))
@@ -56,7 +84,7 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
             assert segment.buf is not None
             view = segment.buf[:nbytes]
             try:
-                checksums = await loop.run_in_executor(None, staged_checksums, view, slots)
+                checksums = await loop.run_in_executor(None, staged_checksums, view, pieces)
                 await plugin.write(location, [view])
             finally:
                 view.release()
@@ -90,7 +118,8 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
 
 
 def main() -> None:
-    serve(multiprocessing.connection.Connection(int(sys.argv[1])))
+    niceness = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    serve(multiprocessing.connection.Connection(int(sys.argv[1])), niceness)
 
 
 if __name__ == "__main__":

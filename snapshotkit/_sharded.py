@@ -46,8 +46,8 @@ def _sharded_tensor_class() -> Any:
 
 def is_sharded(value: object) -> bool:
     """Whether ``value`` is a ``DTensor`` or a ``ShardedTensor``."""
-    if not isinstance(value, torch.Tensor):
-        return False
+    if not isinstance(value, torch.Tensor) or type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
+        return False  # the common case, without importing torch.distributed.tensor (about 1 s)
     dtensor, sharded = _dtensor_class(), _sharded_tensor_class()
     return (dtensor is not None and isinstance(value, dtensor)) or (sharded is not None and isinstance(value, sharded))
 

@@ -211,6 +211,41 @@ def test_killed_daemon_fails_wait_promptly_and_is_replaced(tmp_path: Path, monke
     assert checkpoint_daemon_pid() not in (None, pid)
 
 
+def _nice_of_tasks(pid: int) -> dict[int, int]:
+    """The niceness of every thread of process ``pid`` (field 19 of /proc/<pid>/task/<tid>/stat)."""
+    result = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = task.joinpath("stat").read_text()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        result[int(task.name)] = int(stat.rsplit(")", 1)[1].split()[16])
+    return result
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread niceness is a Linux feature")
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_background_writers_run_at_low_priority_and_the_caller_does_not(tmp_path: Path, executor: str) -> None:
+    import threading
+
+    caller = os.getpriority(os.PRIO_PROCESS, 0)  # the default background niceness is 19
+    Snapshot.async_take(str(tmp_path / "snap"), _app_state(), executor=executor).wait(timeout=60)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == caller  # the caller's thread is untouched
+    if executor == "process":
+        pid = checkpoint_daemon_pid()
+        assert pid is not None
+        nice = _nice_of_tasks(pid)
+        assert len(nice) > 1 and set(nice.values()) == {max(19, caller)}, nice
+    else:
+        writers = [t for t in threading.enumerate() if t.name.startswith("snapshotkit-background-19")]
+        assert len(writers) >= 2, [t.name for t in threading.enumerate()]  # the loop and its pool
+        nice = _nice_of_tasks(os.getpid())
+        assert {nice[t.native_id] for t in writers if t.native_id is not None} == {max(19, caller)}
+        # The loop that serves synchronous takes and restores keeps the caller's priority.
+        others = [t for t in threading.enumerate() if t.name.startswith("snapshotkit-loop")]
+        assert others and {nice[t.native_id] for t in others if t.native_id is not None} == {caller}
+
+
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_interpreter_exit_with_a_pending_snapshot_finishes_it(tmp_path: Path, executor: str) -> None:
     path = tmp_path / "snap"

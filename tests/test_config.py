@@ -26,6 +26,9 @@ def test_default_budget_is_bounded() -> None:
         ("SNAPSHOTKIT_MEMORY_BUDGET_BYTES", "-5"),
         ("SNAPSHOTKIT_CHUNK_BYTES", "0"),
         ("SNAPSHOTKIT_VERIFY_CHECKSUMS", "maybe"),
+        ("SNAPSHOTKIT_BACKGROUND_NICENESS", "-1"),
+        ("SNAPSHOTKIT_BACKGROUND_NICENESS", "20"),
+        ("SNAPSHOTKIT_BACKGROUND_NICENESS", "low"),
     ],
 )
 def test_bad_environment_values_are_config_errors(name: str, value: str) -> None:
@@ -41,3 +44,12 @@ def test_verify_checksums_from_environment() -> None:
 def test_explicit_non_positive_budget_is_rejected() -> None:
     with pytest.raises(ConfigError, match="memory_budget_bytes"):
         Config.resolve(memory_budget_bytes=0, environ={})
+
+
+def test_background_niceness_default_environment_and_bounds() -> None:
+    assert Config.resolve(environ={}).background_niceness == 19
+    assert Config.resolve(environ={"SNAPSHOTKIT_BACKGROUND_NICENESS": "0"}).background_niceness == 0
+    assert Config.resolve(environ={"SNAPSHOTKIT_BACKGROUND_NICENESS": "7"}).background_niceness == 7
+    for bad in (-1, 20, True, 1.5):
+        with pytest.raises(ConfigError, match="background_niceness must be an integer from 0 to 19"):
+            Config(memory_budget_bytes=1 << 20, background_niceness=bad)  # type: ignore[arg-type]

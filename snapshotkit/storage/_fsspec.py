@@ -111,18 +111,30 @@ class FsspecStoragePlugin(StoragePlugin):
         await self._run("write", location, self._write_blocking, location, as_buffers(data))
 
     def _read_blocking(self, location: str, byte_range: ByteRange | None) -> bytes:
-        size = self._size(location)
-        start, end = (0, size) if byte_range is None else (byte_range.start, byte_range.end)
-        if end > size:
-            raise EOFError(f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)")
-        if start == end:
-            return b""
+        if byte_range is not None and byte_range.end > byte_range.start:
+            # A non-empty range needs no size lookup first (one request instead of two or
+            # three on object stores): a range past the end comes back short.
+            start, end = byte_range.start, byte_range.end
+        else:
+            size = self._size(location)
+            start, end = (0, size) if byte_range is None else (byte_range.start, byte_range.end)
+            if end > size:
+                raise EOFError(f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)")
+            if start == end:
+                return b""
         try:
             data = bytes(self._fs.cat_file(self._path(location), start=start, end=end))
-        except FileNotFoundError:  # deleted between info and read
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # also: deleted since the lookup
             raise self._missing(location) from None
+        except Exception:
+            # A range that starts at or past the end is refused by some servers (HTTP 416).
+            if byte_range is not None and (size := self._size(location)) < end:
+                raise EOFError(
+                    f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)"
+                ) from None
+            raise
         if len(data) != end - start:
-            raise EOFError(f"{location}: read {len(data)} bytes of range [{start}, {end})")
+            raise EOFError(f"{location}: read {len(data)} bytes of range [{start}, {end}), the object ends before it")
         return data
 
     async def read(self, location: str, byte_range: ByteRange | None = None) -> bytes | memoryview:
