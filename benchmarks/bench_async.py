@@ -14,7 +14,9 @@ fresh process (this script re-executed with ``--child``):
   ``async_stager``), so DCP copies into cached buffers like snapshotkit's pooled ones.
 
 ``--writer-nice N`` (a diagnostic, off by default) renices the writer's threads after each call: the
-checkpoint daemon's, or every thread of the trainer's process but the trainer's own.
+checkpoint daemon's, or every thread of the trainer's process but the trainer's own. snapshotkit's
+writers now run at niceness 19 by themselves (``SNAPSHOTKIT_BACKGROUND_NICENESS``); set that to 0
+to measure writers at normal priority.
 
 The snapshotted state is the model and its Adam optimizer plus a separate big state (default
 1 GiB: 16 float32 tensors of 64 MiB of seeded random data, in a ``snapshotkit.StateDict``);
