@@ -167,6 +167,11 @@ class _Target:
     storage_options: dict[str, Any]
 
 
+def plugin_key(path: str, storage_options: Mapping[str, Any]) -> tuple[str, str]:
+    """Writers keep one plugin instance per (path, options) while snapshots to it are pending."""
+    return path, repr(sorted(storage_options.items()))
+
+
 class _ThreadWriter:
     """Writes staged objects on a background event loop whose threads run at low priority."""
 
@@ -220,7 +225,7 @@ class _ThreadWriter:
 
     def _plugin_for(self, target: _Target) -> StoragePlugin:
         """One plugin instance per (path, options), used only on this writer's loop."""
-        key = (target.path, repr(sorted(target.storage_options.items())))
+        key = plugin_key(target.path, target.storage_options)
         with self._lock:
             plugin = self._plugins.get(key)
             if plugin is None:
@@ -229,7 +234,7 @@ class _ThreadWriter:
 
     def release(self, target: _Target) -> None:
         """Close the plugin of a finished snapshot (on the loop it was used on)."""
-        key = (target.path, repr(sorted(target.storage_options.items())))
+        key = plugin_key(target.path, target.storage_options)
         with self._lock:
             plugin = self._plugins.pop(key, None)
         if plugin is not None:

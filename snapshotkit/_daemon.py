@@ -1,9 +1,9 @@
-"""The checkpoint daemon of ``async_take(executor="process")``:
-``python -m snapshotkit._daemon <fd> [<niceness>]`` (``async_take`` starts it through a bootstrap
-that lowers the priority before anything is imported).
+"""The checkpoint daemon of ``async_take(executor="process")``.
 
-It first lowers its scheduling priority to ``niceness`` (every thread it starts inherits it), so
-that it uses only CPU time the trainer leaves idle. Then it reads messages from the socket ``fd``
+``async_take`` starts it as a fresh interpreter through a small bootstrap that first lowers the
+process's scheduling priority (so every thread, torch's included, inherits it and the daemon uses
+only CPU time the trainer leaves idle), then calls :func:`main` with the socket's ``fd`` as the
+first argument. It reads messages from the socket ``fd``
 (a :class:`multiprocessing.connection.Connection`): first the runtime storage-plugin
 registrations to repeat, then ``("write", job, path, storage_options, location,
 shared_memory_name, nbytes, slots, io_concurrency)`` for each staged data object,
@@ -16,29 +16,22 @@ shared-memory segment, writes them with the storage plugin for ``path`` (at most
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import multiprocessing.connection
-import os
 import sys
 import threading
 import traceback
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
-from ._async_take import staged_checksums
+from ._async_take import plugin_key, staged_checksums
 from ._dist import portable
 from .storage import StoragePlugin, register_storage_plugin, url_to_storage_plugin
 
 
-def serve(connection: multiprocessing.connection.Connection, niceness: int = 0) -> None:
+def serve(connection: multiprocessing.connection.Connection) -> None:
     """Write staged objects from shared memory until told to stop."""
     import torch
 
-    if niceness > 0:
-        # Normally done already, before imports started threads (see _DAEMON_BOOTSTRAP); on
-        # Linux, threads inherit the niceness of the thread that creates them.
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, 0, max(niceness, os.getpriority(os.PRIO_PROCESS, 0)))
     torch.set_num_threads(1)
     for scheme, factory in connection.recv().items():
         register_storage_plugin(scheme, factory)
@@ -72,7 +65,7 @@ def serve(connection: multiprocessing.connection.Connection, niceness: int = 0) 
         job: int, path: str, options: dict[str, Any], location: str, name: str, nbytes: int, pieces: Any
     ) -> None:
         try:
-            key = (path, repr(sorted(options.items())))
+            key = plugin_key(path, options)
             plugin = plugins.get(key)
             if plugin is None:
                 plugin = plugins[key] = url_to_storage_plugin(path, options)
@@ -118,8 +111,7 @@ def serve(connection: multiprocessing.connection.Connection, niceness: int = 0) 
 
 
 def main() -> None:
-    niceness = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-    serve(multiprocessing.connection.Connection(int(sys.argv[1])), niceness)
+    serve(multiprocessing.connection.Connection(int(sys.argv[1])))
 
 
 if __name__ == "__main__":
