@@ -50,7 +50,7 @@ def _start_loop(name: str = "snapshotkit-loop", niceness: int = 0) -> asyncio.Ab
     loop.set_default_executor(
         concurrent.futures.ThreadPoolExecutor(
             max_workers=_EXECUTOR_THREADS,
-            thread_name_prefix="snapshotkit-io" if niceness == 0 else f"{name}-io",
+            thread_name_prefix=f"{name}-io",
             initializer=lower_thread_priority,
             initargs=(niceness,),
         )
