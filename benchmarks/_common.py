@@ -10,6 +10,7 @@ Contents:
 * process measurement helpers (current RSS, peak-RSS reset, ``/proc/self/io``
   counters, page-cache dropping);
 * machine facts for the JSON report;
+* :class:`Launcher`, which runs one measured operation in a fresh process;
 * size parsing (``64MiB``) and formatting helpers for the human-readable table.
 
 Only the standard library is imported at module level; ``torch`` / ``numpy``
@@ -19,6 +20,7 @@ are imported lazily so the benchmark driver stays light.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import resource
@@ -493,3 +495,56 @@ def parse_size(text: str) -> int:
         return int(float(num) * units[t[len(num) :]])
     except (KeyError, ValueError):
         raise argparse.ArgumentTypeError(f"bad size {text!r} (use e.g. 4096, 64MiB, 2GiB)") from None
+
+
+class Launcher:
+    """Runs one operation in a fresh process: ``script`` re-executed with ``--child <spec>
+    --result-file <file>`` (``subprocess``, the most isolated), or ``entry(spec_json,
+    result_file)`` forked from a server that already imported ``preload`` (``forkserver``,
+    much faster to start). The child writes its result record as JSON to the result file."""
+
+    def __init__(
+        self,
+        kind: str,
+        timeout: float,
+        *,
+        script: str | os.PathLike[str],
+        entry: Callable[[str, str], None],
+        preload: Sequence[str],
+    ) -> None:
+        self.kind, self.timeout = kind, timeout
+        self.script, self.entry = str(script), entry
+        self._ctx: Any = None
+        if kind == "forkserver":
+            import multiprocessing as mp
+
+            self._ctx = mp.get_context("forkserver")
+            self._ctx.set_forkserver_preload(list(preload))
+
+    def run(self, spec: dict[str, Any], result_file: str) -> dict[str, Any]:
+        Path(result_file).unlink(missing_ok=True)
+        payload = json.dumps(spec)
+        log = ""
+        if self._ctx is None:
+            cmd = [sys.executable, self.script, "--child", payload, "--result-file", result_file]
+            try:
+                cp = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                return {"ok": False, "error": f"timed out after {self.timeout} s"}
+            code, log = cp.returncode, cp.stderr
+        else:
+            proc = self._ctx.Process(target=self.entry, args=(payload, result_file))
+            proc.start()
+            proc.join(self.timeout)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+                return {"ok": False, "error": f"timed out after {self.timeout} s"}
+            code = proc.exitcode
+        try:
+            record: dict[str, Any] = json.loads(Path(result_file).read_text())
+        except (OSError, ValueError):
+            return {"ok": False, "error": f"child exited with code {code} without a result", "stderr_tail": log[-3000:]}
+        if log.strip():
+            record["stderr_tail"] = log[-2000:]
+        return record

@@ -67,7 +67,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -634,49 +633,6 @@ def forked_child_entry(spec_json: str, result_file: str) -> None:
 PRELOAD = ["torch", "torch.distributed.checkpoint", "snapshotkit", "numpy"]
 
 
-class Launcher:
-    """Runs one operation in a fresh process: this script re-executed (``subprocess``, the most
-    isolated), or forked from a server that already imported torch (``forkserver``, much faster
-    to start; used by ``--quick``)."""
-
-    def __init__(self, kind: str, timeout: float) -> None:
-        self.kind, self.timeout = kind, timeout
-        self._ctx: Any = None
-        if kind == "forkserver":
-            import multiprocessing as mp
-
-            self._ctx = mp.get_context("forkserver")
-            self._ctx.set_forkserver_preload(PRELOAD)
-
-    def run(self, spec: dict[str, Any], result_file: str) -> dict[str, Any]:
-        Path(result_file).unlink(missing_ok=True)
-        payload = json.dumps(spec)
-        log = ""
-        if self._ctx is None:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", payload, "--result-file", result_file]
-            try:
-                cp = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                return {"ok": False, "error": f"timed out after {self.timeout} s"}
-            code, log = cp.returncode, cp.stderr
-        else:
-            proc = self._ctx.Process(target=forked_child_entry, args=(payload, result_file))
-            proc.start()
-            proc.join(self.timeout)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-                return {"ok": False, "error": f"timed out after {self.timeout} s"}
-            code = proc.exitcode
-        try:
-            record: dict[str, Any] = json.loads(Path(result_file).read_text())
-        except (OSError, ValueError):
-            return {"ok": False, "error": f"child exited with code {code} without a result", "stderr": log[-3000:]}
-        if log.strip():
-            record["stderr_tail"] = log[-2000:]
-        return record
-
-
 def check_available(mode: str) -> str | None:
     """None if the mode can run here, else the reason."""
     try:
@@ -1189,7 +1145,9 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     result_file = str(scratch / "op_result.json")
-    launcher = Launcher(args.launcher, args.op_timeout)
+    launcher = C.Launcher(
+        args.launcher, args.op_timeout, script=Path(__file__).resolve(), entry=forked_child_entry, preload=PRELOAD
+    )
     memcpy_runs: list[dict[str, Any]] = []
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.modes}
     try:

@@ -53,7 +53,6 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -298,44 +297,6 @@ def check_available(system: str) -> str | None:
 PRELOAD = ["numpy", "torch", "torch.distributed.checkpoint", "safetensors.torch", "torchsnapshot"]
 
 
-class Launcher:
-    def __init__(self, kind: str, timeout: float) -> None:
-        self.kind, self.timeout = kind, timeout
-        self._ctx = None
-        if kind == "forkserver":
-            import multiprocessing as mp
-
-            self._ctx = mp.get_context("forkserver")
-            self._ctx.set_forkserver_preload(PRELOAD)
-
-    def run(self, spec: dict[str, Any], result_file: str) -> dict[str, Any]:
-        Path(result_file).unlink(missing_ok=True)
-        payload = json.dumps(spec)
-        log = ""
-        rc: int | None
-        if self._ctx is None:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", payload, "--result-file", result_file]
-            try:
-                cp = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout)
-                rc, log = cp.returncode, cp.stderr
-            except subprocess.TimeoutExpired:
-                return {"ok": False, "error": f"timed out after {self.timeout} s"}
-        else:
-            proc = self._ctx.Process(target=child_entry, args=(payload, result_file))
-            proc.start()
-            proc.join(self.timeout)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-                return {"ok": False, "error": f"timed out after {self.timeout} s"}
-            rc = proc.exitcode
-        try:
-            record: dict[str, Any] = json.loads(Path(result_file).read_text())
-            return record
-        except (OSError, ValueError):
-            return {"ok": False, "error": f"child exited with code {rc} without a result", "stderr_tail": log[-3000:]}
-
-
 def summarize(runs: list[dict[str, Any]], nbytes: int) -> dict[str, Any]:
     good = [r for r in runs if r.get("ok")]
     out: dict[str, Any] = {"runs": runs, "n_ok": len(good)}
@@ -548,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="snapshotkit-bench-", dir=args.dir or "/tmp"))
     cold = not args.no_drop_caches and os.access(C.DROP_CACHES, os.W_OK)
     available = {s: check_available(s) for s in args.only}
-    launcher = Launcher(args.launcher, args.op_timeout)
+    launcher = C.Launcher(
+        args.launcher, args.op_timeout, script=Path(__file__).resolve(), entry=child_entry, preload=PRELOAD
+    )
     report: dict[str, Any] = {
         "benchmark": "bench_local",
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
