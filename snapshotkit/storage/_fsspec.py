@@ -119,7 +119,7 @@ class FsspecStoragePlugin(StoragePlugin):
             size = self._size(location)
             start, end = (0, size) if byte_range is None else (byte_range.start, byte_range.end)
             if end > size:
-                raise EOFError(f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)")
+                raise _past_the_end(location, start, end, size)
             if start == end:
                 return b""
         try:
@@ -129,9 +129,7 @@ class FsspecStoragePlugin(StoragePlugin):
         except Exception:
             # A range that starts at or past the end is refused by some servers (HTTP 416).
             if byte_range is not None and (size := self._size(location)) < end:
-                raise EOFError(
-                    f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)"
-                ) from None
+                raise _past_the_end(location, start, end, size) from None
             raise
         if len(data) != end - start:
             raise EOFError(f"{location}: read {len(data)} bytes of range [{start}, {end}), the object ends before it")
@@ -182,3 +180,7 @@ class FsspecStoragePlugin(StoragePlugin):
 
     async def close(self) -> None:
         return None
+
+
+def _past_the_end(location: str, start: int, end: int, size: int) -> EOFError:
+    return EOFError(f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)")
