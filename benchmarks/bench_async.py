@@ -242,7 +242,7 @@ class SnapshotkitDriver:
     def writer_pid(self) -> int | None:
         if self.executor != "process":
             return None
-        from snapshotkit._async_take import checkpoint_daemon_pid
+        from snapshotkit._take.writers import checkpoint_daemon_pid
 
         return checkpoint_daemon_pid()
 

@@ -19,8 +19,8 @@ Three parts, all in one run (``--parts`` selects):
 ``planning``
     Simulated, no processes: ``--planning-ranks`` (default 64,256,1024) ranks x
     ``--planning-entries`` (default 1,000) entries each (half replicated, half rank-local),
-    timing :func:`snapshotkit._take.decide` (partitioning) plus
-    :func:`snapshotkit._take.merge_results` (the manifest merge) on one core. Target: under
+    timing :func:`snapshotkit._take.engine.decide` (partitioning) plus
+    :func:`snapshotkit._take.engine.merge_results` (the manifest merge) on one core. Target: under
     2 s at 1,024 x 1,000, and no worse than O(n log n) growth.
 
 Usage::
@@ -217,7 +217,7 @@ def part_reshard(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
 def _simulated(ranks: int, entries: int) -> tuple[list[Any], list[Any]]:
     """Per-rank descriptions and results: half the entries replicated (same on every rank),
     half rank-local optimizer state."""
-    from snapshotkit._take import RankInfo, RankResult
+    from snapshotkit._take.engine import RankInfo, RankResult
     from snapshotkit.manifest import Piece, TensorEntry
 
     half = entries // 2
@@ -235,7 +235,7 @@ def _simulated(ranks: int, entries: int) -> tuple[list[Any], list[Any]]:
 
 
 def part_planning(args: argparse.Namespace) -> dict[str, Any]:
-    from snapshotkit._take import decide, merge_results
+    from snapshotkit._take.engine import decide, merge_results
     from snapshotkit.manifest import Piece
 
     rows = []

@@ -9,12 +9,12 @@ weight = Snapshot("/ckpt/step_1000").read_object("model/layer1.weight")
 
 from __future__ import annotations
 
-from . import errors
-from ._async_take import PendingSnapshot
-from ._version import __version__
-from .manifest import SnapshotMetadata
-from .snapshot import Snapshot
-from .stateful import AppState, RNGState, StateDict, Stateful
+from snapshotkit import errors
+from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._take.writers import PendingSnapshot
+from snapshotkit._version import __version__
+from snapshotkit.snapshot import Snapshot
+from snapshotkit.stateful import AppState, RNGState, StateDict, Stateful
 
 __all__ = [
     "AppState",

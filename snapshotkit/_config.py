@@ -10,7 +10,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-from .errors import ConfigError
+from snapshotkit.errors import ConfigError
 
 _MIB = 1 << 20
 _GIB = 1 << 30

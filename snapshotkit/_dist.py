@@ -20,7 +20,7 @@ import pickle
 import traceback
 from typing import Any
 
-from .errors import CollectiveTimeoutError, ConfigError, RankFailedError
+from snapshotkit.errors import CollectiveTimeoutError, ConfigError, RankFailedError
 
 
 @dataclasses.dataclass(frozen=True)

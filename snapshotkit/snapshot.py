@@ -6,28 +6,29 @@ import copy
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from ._async import run_sync
-from ._async_take import PendingSnapshot
-from ._async_take import async_take as async_take_on_group
-from ._budget import MemoryBudget
-from ._config import Config
-from ._dist import resolve_group
-from ._flatten import inflate
-from ._gc import gc_paused
-from ._load import LeafLoader, describe_mismatch, tensor_matches
-from ._read_pipeline import read_pieces
-from ._restore import close_matches, missing_key_hint, plan_restore, rank_view, subtree
-from ._take import take_on_group, validate_app_state
-from .errors import (
+from snapshotkit._config import Config
+from snapshotkit._dist import resolve_group
+from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._format.entries import METADATA_FILENAME, Entry, TensorEntry
+from snapshotkit._plan.flatten import inflate
+from snapshotkit._restore.fetch import read_pieces
+from snapshotkit._restore.load import LeafLoader, describe_mismatch, tensor_matches
+from snapshotkit._restore.plan import close_matches, missing_key_hint, plan_restore, rank_view, subtree
+from snapshotkit._runtime.budget import MemoryBudget
+from snapshotkit._runtime.gc import gc_paused
+from snapshotkit._runtime.loop import run_sync
+from snapshotkit._take.engine import take_on_group, validate_app_state
+from snapshotkit._take.writers import PendingSnapshot
+from snapshotkit._take.writers import async_take as async_take_on_group
+from snapshotkit.errors import (
     BucketNotFoundError,
     IncompleteSnapshotError,
     LogicalPathNotFoundError,
     ManifestError,
     SnapshotNotFoundError,
 )
-from .manifest import METADATA_FILENAME, Entry, SnapshotMetadata, TensorEntry
-from .stateful import AppState
-from .storage import StoragePlugin, url_to_storage_plugin
+from snapshotkit.stateful import AppState
+from snapshotkit.storage import StoragePlugin, url_to_storage_plugin
 
 __all__ = ["Snapshot"]
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from snapshotkit import Snapshot, StateDict
-from snapshotkit._budget import MemoryBudget
-from snapshotkit._load import LeafLoader
-from snapshotkit._plan import plan_layout
-from snapshotkit._read_pipeline import read_pieces
-from snapshotkit._restore import rank_view
-from snapshotkit._write_pipeline import Payload, staging_cost_bytes
+from snapshotkit._plan.layout import plan_layout
+from snapshotkit._restore.fetch import read_pieces
+from snapshotkit._restore.load import LeafLoader
+from snapshotkit._restore.plan import rank_view
+from snapshotkit._runtime.budget import MemoryBudget
+from snapshotkit._take.stage import Payload, staging_cost_bytes
 from snapshotkit.storage import FSStoragePlugin
 
 

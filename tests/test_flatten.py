@@ -5,7 +5,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from snapshotkit._flatten import escape_key, flatten, inflate, unescape_key
+from snapshotkit._plan.flatten import escape_key, flatten, inflate, unescape_key
 from snapshotkit.manifest import DictEntry, ListEntry, TupleEntry
 
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from snapshotkit._plan import (
+from snapshotkit._plan.layout import (
     ALIGNMENT_BYTES,
     RangeRequest,
     data_object_location,

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from snapshotkit import Snapshot, StateDict
-from snapshotkit._async import run_sync
 from snapshotkit._config import Config
-from snapshotkit._take import collect_state, execute_take, plan_take
+from snapshotkit._runtime.loop import run_sync
+from snapshotkit._take.engine import collect_state, execute_take, plan_take
 from snapshotkit.errors import SnapshotExistsError
 from snapshotkit.manifest import ObjectEntry, TensorEntry
 from snapshotkit.storage import FSStoragePlugin

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from ._base import ByteRange, Capabilities, StoragePlugin
-from ._fs import FSStoragePlugin
-from ._fsspec import FsspecStoragePlugin
-from ._memory import MemoryStoragePlugin
-from ._registry import StoragePluginFactory, register_storage_plugin, url_to_storage_plugin
-from ._retry import RetryPolicy
+from snapshotkit.storage._base import ByteRange, Capabilities, StoragePlugin
+from snapshotkit.storage._fs import FSStoragePlugin
+from snapshotkit.storage._fsspec import FsspecStoragePlugin
+from snapshotkit.storage._memory import MemoryStoragePlugin
+from snapshotkit.storage._registry import StoragePluginFactory, register_storage_plugin, url_to_storage_plugin
+from snapshotkit.storage._retry import RetryPolicy
 
 __all__ = [
     "ByteRange",

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._async import to_thread
-from ._base import ByteRange, Capabilities, StoragePlugin, as_buffers
+from snapshotkit._runtime.loop import to_thread
+from snapshotkit.storage._base import ByteRange, Capabilities, StoragePlugin, as_buffers
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -12,9 +12,9 @@ import errno
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._async import to_thread
-from ..errors import BucketNotFoundError, StorageError, StoragePermissionError
-from ._base import ByteRange, Capabilities, StoragePlugin, as_buffers
+from snapshotkit._runtime.loop import to_thread
+from snapshotkit.errors import BucketNotFoundError, StorageError, StoragePermissionError
+from snapshotkit.storage._base import ByteRange, Capabilities, StoragePlugin, as_buffers
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

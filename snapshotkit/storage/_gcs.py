@@ -22,9 +22,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BucketNotFoundError, StorageError, StoragePermissionError
-from ._base import Capabilities, as_buffers
-from ._fsspec import FsspecStoragePlugin
+from snapshotkit.errors import BucketNotFoundError, StorageError, StoragePermissionError
+from snapshotkit.storage._base import Capabilities, as_buffers
+from snapshotkit.storage._fsspec import FsspecStoragePlugin
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ._base import ByteRange, Capabilities, StoragePlugin, as_buffers
+from snapshotkit.storage._base import ByteRange, Capabilities, StoragePlugin, as_buffers
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

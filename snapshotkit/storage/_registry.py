@@ -16,8 +16,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import UnknownStorageSchemeError
-from ._base import StoragePlugin
+from snapshotkit.errors import UnknownStorageSchemeError
+from snapshotkit.storage._base import StoragePlugin
 
 #: ``factory(root, storage_options) -> StoragePlugin``; root is the URI without ``scheme://``.
 StoragePluginFactory = Callable[[str, Mapping[str, Any]], StoragePlugin]
@@ -29,22 +29,22 @@ _registered_lock = threading.Lock()
 
 
 def _fs_factory(root: str, storage_options: Mapping[str, Any]) -> StoragePlugin:
-    from ._fs import FSStoragePlugin
+    from snapshotkit.storage._fs import FSStoragePlugin
 
     return FSStoragePlugin(root)
 
 
 def _memory_factory(root: str, storage_options: Mapping[str, Any]) -> StoragePlugin:
-    from ._memory import MemoryStoragePlugin
+    from snapshotkit.storage._memory import MemoryStoragePlugin
 
     return MemoryStoragePlugin(root)
 
 
 def _gcs_factory(root: str, storage_options: Mapping[str, Any]) -> StoragePlugin:
     try:
-        from ._gcs import GCSStoragePlugin
+        from snapshotkit.storage._gcs import GCSStoragePlugin
     except ImportError as exc:
-        from ..errors import StorageError
+        from snapshotkit.errors import StorageError
 
         raise StorageError(f'the gs:// scheme needs gcsfs ({exc}): pip install "snapshotkit[gcs]"') from exc
     return GCSStoragePlugin(root, storage_options)
@@ -52,9 +52,9 @@ def _gcs_factory(root: str, storage_options: Mapping[str, Any]) -> StoragePlugin
 
 def _s3_factory(root: str, storage_options: Mapping[str, Any]) -> StoragePlugin:
     try:
-        from ._s3 import S3StoragePlugin
+        from snapshotkit.storage._s3 import S3StoragePlugin
     except ImportError as exc:
-        from ..errors import StorageError
+        from snapshotkit.errors import StorageError
 
         raise StorageError(f'the s3:// scheme needs s3fs ({exc}): pip install "snapshotkit[s3]"') from exc
     return S3StoragePlugin(root, storage_options)
@@ -113,7 +113,7 @@ def url_to_storage_plugin(uri: str, storage_options: Mapping[str, Any] | None = 
     if factory is None:
         factory = _entry_point_factory(scheme)
     if factory is None:
-        from ._fsspec import FsspecStoragePlugin, fsspec_knows
+        from snapshotkit.storage._fsspec import FsspecStoragePlugin, fsspec_knows
 
         if fsspec_knows(scheme):
             return FsspecStoragePlugin(scheme, root, options)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from ..errors import ConfigError, RetriesExhaustedError
+from snapshotkit.errors import ConfigError, RetriesExhaustedError
 
 logger = logging.getLogger("snapshotkit.storage")
 

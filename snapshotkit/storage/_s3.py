@@ -38,10 +38,10 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._async import to_thread
-from ..errors import BucketNotFoundError, ConfigError, StorageError, StoragePermissionError
-from ._base import ByteRange, Capabilities, StoragePlugin, as_buffers
-from ._retry import RetryPolicy, call_with_retries, is_transient_connection_error
+from snapshotkit._runtime.loop import to_thread
+from snapshotkit.errors import BucketNotFoundError, ConfigError, StorageError, StoragePermissionError
+from snapshotkit.storage._base import ByteRange, Capabilities, StoragePlugin, as_buffers
+from snapshotkit.storage._retry import RetryPolicy, call_with_retries, is_transient_connection_error
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

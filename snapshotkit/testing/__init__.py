@@ -9,9 +9,9 @@ resets. Importing this package needs pytest.
 
 from __future__ import annotations
 
-from ._conformance import StoragePluginConformance
-from ._proxy import LOSE_RESPONSE, RESET, FaultInjectingProxy, SeenRequest
-from ._servers import FakeGCSServer, SeaweedS3Server, ServerUnavailable
+from snapshotkit.testing._conformance import StoragePluginConformance
+from snapshotkit.testing._proxy import LOSE_RESPONSE, RESET, FaultInjectingProxy, SeenRequest
+from snapshotkit.testing._servers import FakeGCSServer, SeaweedS3Server, ServerUnavailable
 
 __all__ = [
     "FakeGCSServer",

@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import pytest
 
-from ..manifest import METADATA_FILENAME
-from ..storage._base import ByteRange, StoragePlugin
+from snapshotkit._format.entries import METADATA_FILENAME
+from snapshotkit.storage._base import ByteRange, StoragePlugin
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -513,7 +513,7 @@ class StoragePluginConformance:
 
     def test_snapshot_take_restore_read_object(self, root: str) -> None:
         torch = pytest.importorskip("torch")
-        from .. import Snapshot, StateDict
+        from snapshotkit import Snapshot, StateDict
 
         uri = self.uri(root)
         weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))

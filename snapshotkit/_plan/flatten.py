@@ -12,7 +12,15 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from .manifest import ContainerEntry, DictEntry, ListEntry, TupleEntry, escape_key, join_path, unescape_key
+from snapshotkit._format.entries import (
+    ContainerEntry,
+    DictEntry,
+    ListEntry,
+    TupleEntry,
+    escape_key,
+    join_path,
+    unescape_key,
+)
 
 __all__ = ["escape_key", "flatten", "inflate", "join_path", "unescape_key"]
 

@@ -20,27 +20,11 @@ from typing import Any
 
 import torch
 
-from ._async import run_sync
-from ._budget import MemoryBudget
-from ._checksum import format_checksum
-from ._config import Config
-from ._dist import Group
-from ._flatten import escape_key, flatten, join_path
-from ._gc import gc_paused
-from ._partition import WriteItem, assign_writers, common_patterns, matches_any, replicated_paths
-from ._plan import DataObjectPlan, PieceSlot, pack_pieces, row_pieces, split_payload
-from ._serialization import RAW, dtype_from_name, dtype_name, serialize_object, tensor_serializer
-from ._sharded import Box, is_sharded, local_shards
-from ._version import __version__
-from ._write_pipeline import Payload, write_data_objects
-from .errors import (
-    InvalidAppStateError,
-    SnapshotExistsError,
-    SnapshotkitError,
-    StorageError,
-    UnsupportedValueError,
-)
-from .manifest import (
+from snapshotkit._config import Config
+from snapshotkit._dist import Group
+from snapshotkit._format.checksum import format_checksum
+from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._format.entries import (
     METADATA_FILENAME,
     ContainerEntry,
     Entry,
@@ -49,12 +33,28 @@ from .manifest import (
     PrimitiveEntry,
     Shard,
     ShardedTensorEntry,
-    SnapshotMetadata,
     TensorEntry,
     format_version_for,
 )
-from .stateful import RNGState, Stateful
-from .storage import StoragePlugin
+from snapshotkit._format.serialization import RAW, dtype_from_name, dtype_name, serialize_object, tensor_serializer
+from snapshotkit._format.sharded import Box, is_sharded, local_shards
+from snapshotkit._plan.flatten import escape_key, flatten, join_path
+from snapshotkit._plan.layout import DataObjectPlan, PieceSlot, pack_pieces, row_pieces, split_payload
+from snapshotkit._plan.partition import WriteItem, assign_writers, common_patterns, matches_any, replicated_paths
+from snapshotkit._runtime.budget import MemoryBudget
+from snapshotkit._runtime.gc import gc_paused
+from snapshotkit._runtime.loop import run_sync
+from snapshotkit._take.stage import Payload, write_data_objects
+from snapshotkit._version import __version__
+from snapshotkit.errors import (
+    InvalidAppStateError,
+    SnapshotExistsError,
+    SnapshotkitError,
+    StorageError,
+    UnsupportedValueError,
+)
+from snapshotkit.stateful import RNGState, Stateful
+from snapshotkit.storage import StoragePlugin
 
 _PRIMITIVE_TYPES = (int, float, str, bool, bytes)
 

@@ -23,9 +23,9 @@ import traceback
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
-from ._async_take import plugin_key, staged_checksums
-from ._dist import portable
-from .storage import StoragePlugin, register_storage_plugin, url_to_storage_plugin
+from snapshotkit._dist import portable
+from snapshotkit._take.writers import plugin_key, staged_checksums
+from snapshotkit.storage import StoragePlugin, register_storage_plugin, url_to_storage_plugin
 
 
 def serve(connection: multiprocessing.connection.Connection) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from ._read_pipeline import PieceRead
-from ._serialization import (
+from snapshotkit._format.entries import Entry, ObjectEntry, Piece, PrimitiveEntry, ShardedTensorEntry, TensorEntry
+from snapshotkit._format.serialization import (
     RAW,
     byte_view,
     copy_flat_range_in,
@@ -17,9 +17,9 @@ from ._serialization import (
     is_zero_copy_source,
     tensor_from_bytes,
 )
-from ._sharded import Box, box_slice, destination_boxes, overlap, piece_boxes
-from .errors import ManifestError, StateMismatchError
-from .manifest import Entry, ObjectEntry, Piece, PrimitiveEntry, ShardedTensorEntry, TensorEntry
+from snapshotkit._format.sharded import Box, box_slice, destination_boxes, overlap, piece_boxes
+from snapshotkit._restore.fetch import PieceRead
+from snapshotkit.errors import ManifestError, StateMismatchError
 
 
 def tensor_matches(entry: TensorEntry, value: object) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .errors import UnsupportedValueError
+from snapshotkit.errors import UnsupportedValueError
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes)
 

@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
-from ._flatten import escape_key, flatten, inflate, join_path
-from ._load import LeafLoader, describe_mismatch, tensor_matches
-from .errors import LogicalPathNotFoundError, StateMismatchError
-from .manifest import DictEntry, Entry, ListEntry, SnapshotMetadata, TensorEntry, is_shared
-from .stateful import RNGState, Stateful
+from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._format.entries import DictEntry, Entry, ListEntry, TensorEntry, is_shared
+from snapshotkit._plan.flatten import escape_key, flatten, inflate, join_path
+from snapshotkit._restore.load import LeafLoader, describe_mismatch, tensor_matches
+from snapshotkit.errors import LogicalPathNotFoundError, StateMismatchError
+from snapshotkit.stateful import RNGState, Stateful
 
 ContainerMap = dict[str, DictEntry | ListEntry]
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from ._async import to_thread
-from ._budget import MemoryBudget
-from ._checksum import crc32c
-from ._plan import DataObjectPlan, PieceSlot
-from ._serialization import byte_view, contiguous_cpu_copy, copy_flat_range_out, is_zero_copy_source
-from .storage import StoragePlugin
+from snapshotkit._format.checksum import crc32c
+from snapshotkit._format.serialization import byte_view, contiguous_cpu_copy, copy_flat_range_out, is_zero_copy_source
+from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
+from snapshotkit._runtime.budget import MemoryBudget
+from snapshotkit._runtime.loop import to_thread
+from snapshotkit.storage import StoragePlugin
 
 _PADDING = bytes(64)
 

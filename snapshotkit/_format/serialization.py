@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import ManifestError, UnsafeObjectError
+from snapshotkit.errors import ManifestError, UnsafeObjectError
 
 #: dtype name (``str(dtype)`` without ``torch.``) -> dtype, for every dtype this torch has.
 _DTYPES_BY_NAME: dict[str, torch.dtype] = {

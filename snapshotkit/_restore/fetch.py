@@ -13,14 +13,14 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from ._async import to_thread
-from ._budget import MemoryBudget
-from ._checksum import crc32c, format_checksum, parse_checksum
-from ._plan import RangeRequest, ReadBatch, plan_read_batches
-from ._write_pipeline import gather_or_cancel
-from .errors import ChecksumMismatchError, IntegrityError, TruncatedDataError
-from .manifest import Piece
-from .storage import StoragePlugin
+from snapshotkit._format.checksum import crc32c, format_checksum, parse_checksum
+from snapshotkit._format.entries import Piece
+from snapshotkit._plan.layout import RangeRequest, ReadBatch, plan_read_batches
+from snapshotkit._runtime.budget import MemoryBudget
+from snapshotkit._runtime.loop import to_thread
+from snapshotkit._take.stage import gather_or_cancel
+from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError
+from snapshotkit.storage import StoragePlugin
 
 #: Largest merged read; big enough to amortise requests, small enough to keep several in flight.
 MAX_BATCH_BYTES = 32 << 20

@@ -1,7 +1,7 @@
 """``async_take``: stage the state, return, write and commit in the background.
 
 The caller's thread does what must happen before it may touch its state again: collect and
-describe the state and plan (the same :func:`~snapshotkit._take.prepare_take` as ``take``,
+describe the state and plan (the same :func:`~snapshotkit._take.engine.prepare_take` as ``take``,
 including the first exchange between ranks), serialize objects, and copy every tensor piece
 into *staging buffers*, one per data object, laid out exactly as the object is stored. It
 returns once the last piece is staged. Staging runs under the memory budget: when staged but
@@ -45,14 +45,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._async import background_loop, run_sync
-from ._checksum import crc32c
-from ._config import Config
-from ._dist import Group, RankOutcome, portable
-from ._gc import gc_paused
-from ._plan import DataObjectPlan
-from ._serialization import byte_view, flat_range_views, tensor_from_bytes
-from ._take import (
+from snapshotkit._config import Config
+from snapshotkit._dist import Group, RankOutcome, portable
+from snapshotkit._format.checksum import crc32c
+from snapshotkit._format.serialization import byte_view, flat_range_views, tensor_from_bytes
+from snapshotkit._plan.layout import DataObjectPlan
+from snapshotkit._runtime.gc import gc_paused
+from snapshotkit._runtime.loop import background_loop, run_sync
+from snapshotkit._take.engine import (
     PreparedTake,
     RankResult,
     _discard,
@@ -63,8 +63,8 @@ from ._take import (
     prepare_take,
     sharded_layouts,
 )
-from ._write_pipeline import Payload
-from .errors import (
+from snapshotkit._take.stage import Payload
+from snapshotkit.errors import (
     CheckpointDaemonError,
     CollectiveTimeoutError,
     ConfigError,
@@ -73,10 +73,10 @@ from .errors import (
     StorageError,
     WaitTimeoutError,
 )
-from .storage import StoragePlugin, url_to_storage_plugin
+from snapshotkit.storage import StoragePlugin, url_to_storage_plugin
 
 if TYPE_CHECKING:
-    from .snapshot import Snapshot
+    from snapshotkit.snapshot import Snapshot
 
 EXECUTORS = ("thread", "process")
 
@@ -258,7 +258,7 @@ if int(sys.argv[2]) > 0:
         os.setpriority(os.PRIO_PROCESS, 0, max(int(sys.argv[2]), os.getpriority(os.PRIO_PROCESS, 0)))
     except OSError:
         pass
-from snapshotkit._daemon import main
+from snapshotkit._take.daemon import main
 main()
 """
 
@@ -269,7 +269,7 @@ class _ProcessWriter:
     name = "process"
 
     def __init__(self, niceness: int) -> None:
-        from .storage._registry import _registered
+        from snapshotkit.storage._registry import _registered
 
         registrations = {}
         for scheme, factory in _registered.items():

@@ -1,0 +1,475 @@
+"""Manifest entries: what one logical path of a snapshot holds, and how it is encoded.
+
+The manifest maps ``"<rank>/<logical path>"`` to one entry per node of the flattened app
+state: containers (dict, ordered dict, list, tuple), inline primitives, tensors, sharded
+tensors and objects. Tensors and objects point at *pieces*: a byte range of a data object plus
+a checksum. Decoding goes through a registry of entry kinds that rejects unknown kinds instead
+of silently dropping them. ``docs/format.md`` is the normative description.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import json
+import math
+import posixpath
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from snapshotkit.errors import ManifestError, UnsafeLocationError
+
+#: Name of the manifest object; its presence is the commit marker of a snapshot.
+METADATA_FILENAME = ".snapshot_metadata"
+FORMAT_NAME = "snapshotkit"
+#: The newest format version this snapshotkit writes and reads. A take writes the oldest
+#: version that can express its manifest: 1 unless it holds sharded tensors (2).
+FORMAT_VERSION = 2
+#: Checksum algorithms a version-1 reader understands.
+CHECKSUM_ALGORITHMS = ("crc32c",)
+_CHECKSUM_TEXT = re.compile(r"crc32c:[0-9a-f]{8}")
+#: ``float.hex()`` output (and the inf/nan spellings it produces).
+_FLOAT_HEX_TEXT = re.compile(r"-?(0x[0-9a-f](\.[0-9a-f]*)?p[+-][0-9]+|inf|nan)")
+#: A manifest key's rank: ASCII digits without leading zeros.
+_RANK_TEXT = re.compile(r"0|[1-9][0-9]*")
+
+
+def escape_key(key: str | int) -> str:
+    """One logical-path component for a user key: ``%`` -> ``%25``, ``/`` -> ``%2F``."""
+    text = str(key)
+    if "%" in text or "/" in text:
+        return text.replace("%", "%25").replace("/", "%2F")
+    return text
+
+
+def unescape_key(component: str) -> str:
+    """Inverse of :func:`escape_key` for string keys."""
+    return component.replace("%2F", "/").replace("%25", "%")
+
+
+def join_path(prefix: str, key: str | int) -> str:
+    """The logical path of child ``key`` of the node at ``prefix`` (``""`` for the root)."""
+    component = escape_key(key)
+    return f"{prefix}/{component}" if prefix else component
+
+
+def _fail(key: str, message: str) -> ManifestError:
+    return ManifestError(f"malformed manifest entry {key!r}: {message}")
+
+
+def validate_location(location: object) -> str:
+    """Return ``location`` if it names an object inside the snapshot, else raise.
+
+    A location is a relative POSIX path of non-empty components without ``.``, ``..`` or
+    backslashes; it may not be the manifest itself.
+    """
+    if isinstance(location, str):
+        return _validate_location_text(location)
+    raise UnsafeLocationError(f"location {location!r} is not a non-empty string")
+
+
+@functools.lru_cache(maxsize=4096)  # a manifest names few distinct data objects, many times
+def _validate_location_text(location: str) -> str:
+    if not location:
+        raise UnsafeLocationError(f"location {location!r} is not a non-empty string")
+    parts = location.split("/")
+    if (
+        location.startswith("/")
+        or "\\" in location
+        or "\x00" in location
+        or ":" in parts[0]
+        or any(part in ("", ".", "..") for part in parts)
+        or posixpath.normpath(location) != location
+        or location == METADATA_FILENAME
+    ):
+        raise UnsafeLocationError(
+            f"location {location!r} would leave the snapshot or is not a plain relative path; "
+            "this manifest is corrupt or was crafted: do not read this snapshot"
+        )
+    return location
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """A stored byte range: ``[start, end)`` of data object ``location``, with its checksum.
+
+    ``checksum`` is ``"<algorithm>:<hex digest>"``, e.g. ``"crc32c:1a2b3c4d"``.
+    """
+
+    location: str
+    byte_range: tuple[int, int]
+    checksum: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.byte_range[1] - self.byte_range[0]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"location": self.location, "byte_range": list(self.byte_range), "checksum": self.checksum}
+
+    def to_json_line(self) -> str:
+        """``to_json()`` as compact JSON text, built directly (manifests hold many pieces)."""
+        start, end = self.byte_range
+        return (
+            f'{{"location":{_json_string(self.location)},"byte_range":[{start},{end}],'
+            f'"checksum":{_json_string(self.checksum)}}}'
+        )
+
+    @classmethod
+    def from_json(cls, key: str, raw: object) -> Piece:
+        if not isinstance(raw, dict):
+            raise _fail(key, f"piece {raw!r} is not a mapping")
+        location = validate_location(raw.get("location"))
+        byte_range = raw.get("byte_range")
+        if (
+            type(byte_range) is not list
+            or len(byte_range) != 2
+            or type(byte_range[0]) is not int
+            or type(byte_range[1]) is not int
+            or not 0 <= byte_range[0] <= byte_range[1]
+        ):
+            raise _fail(key, f"byte_range {byte_range!r} is not [start, end) with 0 <= start <= end")
+        checksum = raw.get("checksum")
+        if type(checksum) is not str or _CHECKSUM_TEXT.fullmatch(checksum) is None:
+            raise _fail(
+                key, f"checksum {checksum!r} is not '<algorithm>:<hex>' with algorithm in {CHECKSUM_ALGORITHMS}"
+            )
+        return cls(location, (byte_range[0], byte_range[1]), checksum)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorEntry:
+    """A tensor: dtype, shape and the pieces that hold its bytes in order.
+
+    ``serializer`` is ``"raw"`` (contiguous row-major element bytes, pieces concatenated) or
+    ``"torch_save"`` (one piece of ``torch.save`` bytes, for quantized/sparse/subclass tensors).
+    """
+
+    kind: ClassVar[str] = "tensor"
+    dtype: str
+    shape: tuple[int, ...]
+    serializer: str
+    pieces: tuple[Piece, ...]
+    replicated: bool = False
+
+    @functools.cached_property
+    def nbytes(self) -> int:
+        return sum(piece.nbytes for piece in self.pieces)
+
+    @functools.cached_property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "serializer": self.serializer,
+            "replicated": self.replicated,
+            "pieces": [piece.to_json() for piece in self.pieces],
+        }
+
+    def to_json_line(self) -> str:
+        """``to_json()`` as compact JSON text, built directly (manifests hold many tensors)."""
+        shape = ",".join(map(str, self.shape))
+        pieces = ",".join(piece.to_json_line() for piece in self.pieces)
+        return (
+            f'{{"kind":"tensor","dtype":{_json_string(self.dtype)},"shape":[{shape}],'
+            f'"serializer":{_json_string(self.serializer)},"replicated":{"true" if self.replicated else "false"},'
+            f'"pieces":[{pieces}]}}'
+        )
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> TensorEntry:
+        dtype = _field(key, raw, "dtype", str)
+        shape = _field(key, raw, "shape", list)
+        if not all(type(dim) is int and dim >= 0 for dim in shape):
+            raise _fail(key, f"shape {shape!r} is not a list of non-negative integers")
+        serializer = _field(key, raw, "serializer", str)
+        if serializer not in ("raw", "torch_save"):
+            raise _fail(key, f"serializer {serializer!r} is not 'raw' or 'torch_save'")
+        pieces = tuple(Piece.from_json(key, p) for p in _field(key, raw, "pieces", list))
+        if serializer == "torch_save" and len(pieces) != 1:
+            raise _fail(key, "a torch_save tensor must have exactly one piece")
+        return cls(dtype, tuple(shape), serializer, pieces, _field(key, raw, "replicated", bool, False))
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectEntry:
+    """A picklable object stored as ``torch.save`` bytes in one piece."""
+
+    kind: ClassVar[str] = "object"
+    obj_type: str
+    piece: Piece
+    replicated: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "obj_type": self.obj_type,
+            "replicated": self.replicated,
+            "piece": self.piece.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> ObjectEntry:
+        return cls(
+            _field(key, raw, "obj_type", str),
+            Piece.from_json(key, raw.get("piece")),
+            _field(key, raw, "replicated", bool, False),
+        )
+
+
+_PRIMITIVE_TYPES = ("int", "float", "str", "bool", "bytes", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrimitiveEntry:
+    """A primitive stored inline in the manifest: int, float (exactly), str, bool, bytes, None."""
+
+    kind: ClassVar[str] = "primitive"
+    value_type: str
+    value: Any
+    replicated: bool = False
+
+    @classmethod
+    def of(cls, value: Any, replicated: bool = False) -> PrimitiveEntry:
+        if value is None:
+            return cls("none", None, replicated)
+        return cls(type(value).__name__, value, replicated)
+
+    def to_json(self) -> dict[str, Any]:
+        encoded: Any = self.value
+        out: dict[str, Any] = {"kind": self.kind, "type": self.value_type}
+        if self.value_type == "float":
+            encoded = float.hex(self.value)
+            out["readable"] = repr(self.value)
+        elif self.value_type == "bytes":
+            encoded = base64.b64encode(self.value).decode("ascii")
+        out["value"] = encoded
+        out["replicated"] = self.replicated
+        return out
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> PrimitiveEntry:
+        value_type = _field(key, raw, "type", str)
+        encoded = raw.get("value")
+        value: Any
+        if value_type == "int" and type(encoded) is int:
+            value = encoded
+        elif value_type == "float" and isinstance(encoded, str) and _FLOAT_HEX_TEXT.fullmatch(encoded):
+            value = float.fromhex(encoded)
+        elif (value_type == "str" and isinstance(encoded, str)) or (value_type == "bool" and isinstance(encoded, bool)):
+            value = encoded
+        elif value_type == "bytes" and isinstance(encoded, str):
+            try:
+                value = base64.b64decode(encoded, validate=True)
+            except ValueError:
+                raise _fail(key, "bytes value is not base64") from None
+        elif value_type == "none" and "value" in raw and encoded is None:
+            value = None
+        else:
+            raise _fail(key, f"primitive type {value_type!r} with value {encoded!r} is not one of {_PRIMITIVE_TYPES}")
+        return cls(value_type, value, _field(key, raw, "replicated", bool, False))
+
+
+@dataclasses.dataclass(frozen=True)
+class DictEntry:
+    """A ``dict`` (or ``OrderedDict`` when ``ordered``); ``keys`` keeps order and str/int type."""
+
+    kind: ClassVar[str] = "dict"
+    keys: tuple[str | int, ...]
+    ordered: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "ordered_dict" if self.ordered else "dict", "keys": list(self.keys)}
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> DictEntry:
+        keys = _field(key, raw, "keys", list)
+        if not all(isinstance(k, str) or type(k) is int for k in keys):
+            raise _fail(key, "dict keys must be strings or integers")
+        return cls(tuple(keys), raw["kind"] == "ordered_dict")
+
+
+@dataclasses.dataclass(frozen=True)
+class ListEntry:
+    """A ``list`` of ``length`` children named ``0`` .. ``length - 1``."""
+
+    kind: ClassVar[str] = "list"
+    length: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "length": self.length}
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> ListEntry:
+        length = _field(key, raw, "length", int)
+        if length < 0:
+            raise _fail(key, "length must be non-negative")
+        return cls(length)
+
+
+@dataclasses.dataclass(frozen=True)
+class TupleEntry(ListEntry):
+    """A ``tuple`` of ``length`` children named ``0`` .. ``length - 1``."""
+
+    kind: ClassVar[str] = "tuple"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """One stored block of a sharded tensor: the box ``offsets`` / ``sizes`` of the global tensor.
+
+    Its elements are stored row-major and contiguous, split into pieces of whole dim-0 rows
+    (so each piece is itself a box of the global tensor).
+    """
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "offsets": list(self.offsets),
+            "sizes": list(self.sizes),
+            "pieces": [piece.to_json() for piece in self.pieces],
+        }
+
+    @classmethod
+    def from_json(cls, key: str, raw: object, ndim: int) -> Shard:
+        if not isinstance(raw, dict):
+            raise _fail(key, f"shard {raw!r} is not a mapping")
+        offsets = _field(key, raw, "offsets", list)
+        sizes = _field(key, raw, "sizes", list)
+        for name, values in (("offsets", offsets), ("sizes", sizes)):
+            if len(values) != ndim or not all(type(v) is int and v >= 0 for v in values):
+                raise _fail(key, f"shard {name} {values!r} is not {ndim} non-negative integers")
+        pieces = tuple(Piece.from_json(key, p) for p in _field(key, raw, "pieces", list))
+        return cls(tuple(offsets), tuple(sizes), pieces)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedTensorEntry:
+    """A tensor stored as shards (a ``DTensor`` or ``ShardedTensor``): global dtype and shape,
+    and the stored boxes, which together cover it exactly once (format version 2).
+
+    ``layout`` is informative: how the writer's tensor was distributed (e.g. the DTensor's
+    mesh shape and placements); readers reshard by box overlap and do not need it.
+    """
+
+    kind: ClassVar[str] = "sharded_tensor"
+    dtype: str
+    shape: tuple[int, ...]
+    shards: tuple[Shard, ...]
+    layout: str = ""
+
+    @functools.cached_property
+    def nbytes(self) -> int:
+        return sum(piece.nbytes for shard in self.shards for piece in shard.pieces)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "layout": self.layout,
+            "shards": [shard.to_json() for shard in self.shards],
+        }
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> ShardedTensorEntry:
+        dtype = _field(key, raw, "dtype", str)
+        shape = _field(key, raw, "shape", list)
+        if not all(type(dim) is int and dim >= 0 for dim in shape):
+            raise _fail(key, f"shape {shape!r} is not a list of non-negative integers")
+        shards = tuple(Shard.from_json(key, s, len(shape)) for s in _field(key, raw, "shards", list))
+        for shard in shards:
+            if any(o + n > d for o, n, d in zip(shard.offsets, shard.sizes, shape, strict=True)):
+                raise _fail(key, f"shard at {list(shard.offsets)} of size {list(shard.sizes)} exceeds shape {shape}")
+        covered = sum(math.prod(shard.sizes) for shard in shards)
+        if covered != math.prod(shape):
+            raise _fail(key, f"shards cover {covered} elements, the shape {shape} has {math.prod(shape)}")
+        return cls(dtype, tuple(shape), shards, _field(key, raw, "layout", str, ""))
+
+
+ContainerEntry = DictEntry | ListEntry | TupleEntry
+Entry = TensorEntry | ShardedTensorEntry | ObjectEntry | PrimitiveEntry | DictEntry | ListEntry | TupleEntry
+
+_DECODERS: dict[str, Callable[[str, dict[str, Any]], Entry]] = {
+    "tensor": TensorEntry.from_json,
+    "object": ObjectEntry.from_json,
+    "primitive": PrimitiveEntry.from_json,
+    "dict": DictEntry.from_json,
+    "ordered_dict": DictEntry.from_json,
+    "list": ListEntry.from_json,
+    "tuple": TupleEntry.from_json,
+    "sharded_tensor": ShardedTensorEntry.from_json,
+}
+#: The format version that introduced each entry kind not in version 1.
+_KIND_SINCE = {"sharded_tensor": 2}
+
+_MISSING = object()
+#: JSON string literal of a str (C-accelerated; raw UTF-8 like the compact encoder below).
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+
+def _field(key: str, raw: Mapping[str, Any], name: str, expected: type, default: Any = _MISSING) -> Any:
+    value = raw.get(name, _MISSING)
+    if value is _MISSING:
+        if default is not _MISSING:
+            return default
+        raise _fail(key, f"field {name!r} is missing")
+    if expected is int and type(value) is not int:
+        raise _fail(key, f"field {name!r} must be an integer, got {value!r}")
+    if not isinstance(value, expected):
+        raise _fail(key, f"field {name!r} must be {expected.__name__}, got {type(value).__name__}")
+    return value
+
+
+def format_version_for(manifest: Mapping[str, Entry]) -> int:
+    """The oldest format version that can hold ``manifest``."""
+    return max((_KIND_SINCE.get(entry.kind, 1) for entry in manifest.values()), default=1)
+
+
+def decode_entry(key: str, raw: object) -> Entry:
+    """Decode one manifest entry, rejecting kinds this format version does not define."""
+    if not isinstance(raw, dict):
+        raise _fail(key, "entry is not a mapping")
+    kind = raw.get("kind")
+    decoder = _DECODERS.get(kind) if isinstance(kind, str) else None
+    if decoder is None:
+        raise _fail(key, f"unknown entry kind {kind!r}; known kinds: {sorted(_DECODERS)}")
+    return decoder(key, raw)
+
+
+def is_shared(entry: Entry) -> bool:
+    """Whether every rank reads ``entry`` from rank 0: a replicated leaf or a sharded tensor."""
+    return isinstance(entry, ShardedTensorEntry) or bool(getattr(entry, "replicated", False))
+
+
+def check_containers(manifest: Mapping[str, Entry]) -> None:
+    """Every child a container names must have an entry of its own, under the container's rank
+    or, for a replicated or sharded leaf, under rank 0."""
+    for key, entry in manifest.items():
+        if isinstance(entry, DictEntry):
+            children = [join_path(key, k) for k in entry.keys]
+        elif isinstance(entry, ListEntry):
+            children = [join_path(key, i) for i in range(entry.length)]
+        else:
+            continue
+        if len(set(children)) != len(children):
+            raise ManifestError(f"malformed manifest entry {key!r}: two keys name the same child")
+        for child in children:
+            if child not in manifest:
+                shared = manifest.get("0/" + child.split("/", 1)[1])
+                if shared is not None and is_shared(shared):
+                    continue
+                raise ManifestError(
+                    f"malformed manifest entry {key!r}: it names child {child!r}, which has no entry; "
+                    "the manifest is corrupt"
+                )
