@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_plan import plan_layout
 
 from snapshotkit import Snapshot, StateDict
-from snapshotkit._plan.layout import plan_layout
 from snapshotkit._restore.fetch import read_pieces
 from snapshotkit._restore.load import LeafLoader
 from snapshotkit._restore.plan import rank_view

@@ -6,12 +6,29 @@ import pytest
 
 from snapshotkit._plan.layout import (
     ALIGNMENT_BYTES,
-    RangeRequest,
+    DataObjectPlan,
+    PieceSlot,
     data_object_location,
-    plan_layout,
-    plan_read_batches,
+    pack_pieces,
     split_payload,
 )
+from snapshotkit._plan.reads import RangeRequest, plan_read_batches
+
+
+def plan_layout(
+    sizes: list[int], itemsizes: list[int], *, rank: int, take_id: str, chunk_bytes: int, data_object_bytes: int
+) -> tuple[list[DataObjectPlan], list[list[PieceSlot]]]:
+    """Every payload split into pieces and packed, with each payload's slots (as a take lays out local state)."""
+    pieces = [
+        (index, start, end)
+        for index, (nbytes, itemsize) in enumerate(zip(sizes, itemsizes, strict=True))
+        for start, end in split_payload(nbytes, itemsize, chunk_bytes)
+    ]
+    objects, slots = pack_pieces(pieces, rank=rank, take_id=take_id, data_object_bytes=data_object_bytes)
+    per_payload: list[list[PieceSlot]] = [[] for _ in sizes]
+    for slot in slots:
+        per_payload[slot.payload].append(slot)
+    return objects, per_payload
 
 
 def test_split_payload_respects_chunk_and_element_boundaries() -> None:

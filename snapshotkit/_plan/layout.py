@@ -1,4 +1,4 @@
-"""Pure planning: where every stored byte goes, and which byte ranges a read fetches.
+"""Pure planning of the write layout: where every stored byte goes.
 
 Nothing here does I/O or talks to a process group, so the same inputs give the same plan on
 every rank, and every rule is unit-testable.
@@ -7,8 +7,6 @@ Write layout: each *payload* (the bytes of one tensor or serialized object) is c
 of at most ``chunk_bytes`` (on element boundaries), and pieces are packed in order into data
 objects of about ``data_object_bytes``, each piece starting at a multiple of ``alignment``.
 
-Read plan: pieces wanted from one data object are merged into one ranged read when they are
-close together, so restoring thousands of small tensors costs a handful of requests.
 """
 
 from __future__ import annotations
@@ -80,36 +78,6 @@ def row_pieces(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> list[tu
     return [(start, min(start + step, nbytes)) for start in range(0, nbytes, step)]
 
 
-def plan_layout(
-    payload_sizes: Sequence[int],
-    payload_itemsizes: Sequence[int],
-    *,
-    rank: int,
-    take_id: str,
-    chunk_bytes: int,
-    data_object_bytes: int,
-    alignment: int = ALIGNMENT_BYTES,
-) -> tuple[list[DataObjectPlan], list[list[PieceSlot]]]:
-    """Assign every payload byte to a data object.
-
-    Returns:
-        The data objects in write order, and for every payload the slots holding its pieces in
-        payload order (empty for a zero-byte payload).
-    """
-    pieces = [
-        (index, start, end)
-        for index, (nbytes, itemsize) in enumerate(zip(payload_sizes, payload_itemsizes, strict=False))
-        for start, end in split_payload(nbytes, itemsize, chunk_bytes)
-    ]
-    objects, slots = pack_pieces(
-        pieces, rank=rank, take_id=take_id, data_object_bytes=data_object_bytes, alignment=alignment
-    )
-    per_payload: list[list[PieceSlot]] = [[] for _ in payload_sizes]
-    for slot in slots:
-        per_payload[slot.payload].append(slot)
-    return objects, per_payload
-
-
 def pack_pieces(
     pieces: Sequence[tuple[int, int, int]],
     *,
@@ -147,60 +115,3 @@ def pack_pieces(
         offset = slot_offset + (end - start)
     close_object()
     return objects, slots
-
-
-@dataclasses.dataclass(frozen=True)
-class RangeRequest:
-    """A wanted byte range ``[start, end)`` of ``location``; ``tag`` lets the caller find it again."""
-
-    location: str
-    start: int
-    end: int
-    tag: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ReadBatch:
-    """One ranged read ``[start, end)`` of ``location`` that serves ``requests`` (sorted, disjoint)."""
-
-    location: str
-    start: int
-    end: int
-    requests: tuple[RangeRequest, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
-
-
-def plan_read_batches(
-    requests: Sequence[RangeRequest],
-    *,
-    max_batch_bytes: int,
-    max_gap_bytes: int = 4096,
-) -> list[ReadBatch]:
-    """Merge requests on the same object into ranged reads.
-
-    Two requests share a read when the gap between them is at most ``max_gap_bytes`` and the
-    merged read stays within ``max_batch_bytes``. A request larger than ``max_batch_bytes`` is a
-    read of its own. Overlapping requests (the same piece wanted twice) are never merged, so
-    every request maps to a distinct byte range of its batch.
-    """
-    batches: list[ReadBatch] = []
-    ordered = sorted(requests, key=lambda r: (r.location, r.start, r.end, r.tag))
-    group: list[RangeRequest] = []
-    for request in ordered:
-        if group:
-            last = group[-1]
-            if (
-                request.location == last.location
-                and last.end <= request.start <= last.end + max_gap_bytes
-                and request.end - group[0].start <= max_batch_bytes
-            ):
-                group.append(request)
-                continue
-            batches.append(ReadBatch(group[0].location, group[0].start, group[-1].end, tuple(group)))
-        group = [request]
-    if group:
-        batches.append(ReadBatch(group[0].location, group[0].start, group[-1].end, tuple(group)))
-    return batches
