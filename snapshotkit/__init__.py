@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from snapshotkit import errors
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._take.writers import PendingSnapshot
 from snapshotkit._version import __version__
-from snapshotkit.snapshot import Snapshot
+from snapshotkit.snapshot import PendingSnapshot, Snapshot
 from snapshotkit.stateful import AppState, RNGState, StateDict, Stateful
 
 __all__ = [

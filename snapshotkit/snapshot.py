@@ -9,28 +9,13 @@ from typing import Any, TypeVar
 from snapshotkit._config import Config
 from snapshotkit._dist import resolve_group
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import METADATA_FILENAME, Entry, TensorEntry
-from snapshotkit._plan.flatten import inflate
-from snapshotkit._restore.fetch import read_pieces
-from snapshotkit._restore.load import LeafLoader, describe_mismatch, tensor_matches
-from snapshotkit._restore.plan import close_matches, missing_key_hint, plan_restore, rank_view, subtree
-from snapshotkit._runtime.budget import MemoryBudget
-from snapshotkit._runtime.gc import gc_paused
-from snapshotkit._runtime.loop import run_sync
-from snapshotkit._take.engine import take_on_group, validate_app_state
-from snapshotkit._take.writers import PendingSnapshot
-from snapshotkit._take.writers import async_take as async_take_on_group
-from snapshotkit.errors import (
-    BucketNotFoundError,
-    IncompleteSnapshotError,
-    LogicalPathNotFoundError,
-    ManifestError,
-    SnapshotNotFoundError,
-)
+from snapshotkit._format.entries import Entry
+from snapshotkit._restore import engine as restore_engine
+from snapshotkit._take import engine as take_engine
 from snapshotkit.stateful import AppState
 from snapshotkit.storage import StoragePlugin, url_to_storage_plugin
 
-__all__ = ["Snapshot"]
+__all__ = ["PendingSnapshot", "Snapshot"]
 
 T = TypeVar("T")
 
@@ -101,13 +86,8 @@ class Snapshot:
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
         group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)
         options = dict(storage_options or {})
-        target, metadata = take_on_group(
-            str(path),
-            app_state,
-            group=group,
-            config=config,
-            replicated=list(replicated or ()),
-            open_plugin=lambda where: url_to_storage_plugin(where, options),
+        target, metadata = take_engine.take(
+            str(path), app_state, group=group, config=config, replicated=list(replicated or ()), storage_options=options
         )
         snapshot = cls(target, pg=pg, storage_options=options)
         snapshot._metadata = metadata  # None on ranks other than 0: read on first use
@@ -149,7 +129,7 @@ class Snapshot:
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
         group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)
         options = dict(storage_options or {})
-        return async_take_on_group(
+        job = take_engine.async_take(
             str(path),
             app_state,
             group=group,
@@ -157,8 +137,8 @@ class Snapshot:
             replicated=list(replicated or ()),
             storage_options=options,
             executor=executor,
-            snapshot_factory=lambda where: cls(where, pg=pg, storage_options=options),
         )
+        return PendingSnapshot(job, cls(job.path, pg=pg, storage_options=options))
 
     def _plugin(self) -> StoragePlugin:
         return url_to_storage_plugin(self.path, self._storage_options)
@@ -173,36 +153,8 @@ class Snapshot:
             ManifestError: the manifest is malformed or from a newer format version.
         """
         if self._metadata is None:
-            with gc_paused():
-                self._metadata = run_sync(self._load_metadata())
+            self._metadata = restore_engine.load_metadata(self._plugin, self.path)
         return self._metadata
-
-    async def _load_metadata(self) -> SnapshotMetadata:
-        plugin = self._plugin()
-        try:
-            try:
-                text = await plugin.read(METADATA_FILENAME)
-            except BucketNotFoundError:
-                raise
-            except FileNotFoundError:
-                leftovers: list[str] = []
-                if plugin.capabilities.listing:
-                    leftovers = await plugin.list("")
-                if leftovers:
-                    raise IncompleteSnapshotError(
-                        f"{self.path!r} holds {len(leftovers)} object(s) but no {METADATA_FILENAME}: the take that "
-                        "wrote it never committed (it failed or was interrupted), so it is not a snapshot. "
-                        "Restore from an earlier snapshot and delete this path"
-                    ) from None
-                raise SnapshotNotFoundError(
-                    f"no snapshot at {self.path!r} (no {METADATA_FILENAME} there); check the path"
-                ) from None
-        finally:
-            await plugin.close()
-        try:
-            return SnapshotMetadata.from_text(bytes(text))
-        except ManifestError as exc:
-            raise type(exc)(f"{self.path}/{METADATA_FILENAME}: {exc}") from None
 
     def get_manifest(self) -> dict[str, Entry]:
         """A copy of the manifest: ``"<rank>/<logical path>"`` -> entry."""
@@ -241,45 +193,16 @@ class Snapshot:
         """
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
         group = resolve_group(self.pg, timeout_seconds=config.collective_timeout_seconds)
-        error: BaseException | None = None
-        try:
-            self._restore_local(app_state, group.rank, config, strict=strict, weights_only=weights_only)
-        except Exception as exc:
-            error = exc
-        # Every rank restored, or every rank raises (nobody trains on from a half-restored state).
-        group.exchange(None, error, "restore: loading the state")
-
-    def _restore_local(
-        self, app_state: AppState, rank: int, config: Config, *, strict: bool, weights_only: bool
-    ) -> None:
-        states_of = validate_app_state(app_state)
-        loader = LeafLoader(weights_only=weights_only)
-        metadata = self.metadata
-        with gc_paused():
-            steps = plan_restore(
-                rank_view(metadata, rank),
-                states_of,
-                strict=strict,
-                loader=loader,
-                snapshot_path=self.path,
-                hint=lambda key: missing_key_hint(metadata, key, rank),
-            )
-            run_sync(self._fetch(loader, config))
-        for step in steps:
-            step()
-
-    async def _fetch(self, loader: LeafLoader, config: Config) -> None:
-        plugin = self._plugin()
-        try:
-            await read_pieces(
-                plugin,
-                loader.reads,
-                budget=MemoryBudget(config.memory_budget_bytes),
-                io_concurrency=config.io_concurrency,
-                verify=config.verify_checksums,
-            )
-        finally:
-            await plugin.close()
+        restore_engine.restore(
+            self.metadata,
+            app_state,
+            path=self.path,
+            open_plugin=self._plugin,
+            group=group,
+            config=config,
+            strict=strict,
+            weights_only=weights_only,
+        )
 
     def read_object(
         self,
@@ -308,35 +231,50 @@ class Snapshot:
         """
         group = resolve_group(self.pg)
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
-        view, logical = self._resolve_logical_path(path, group.rank)
-        entry = view[logical]
-        loader = LeafLoader(weights_only=weights_only)
-        if isinstance(entry, TensorEntry) and obj_out is not None:
-            import torch
-
-            if isinstance(obj_out, torch.Tensor) and not tensor_matches(entry, obj_out):
-                raise describe_mismatch(logical, entry, obj_out)
-        containers, leaves = subtree(view, logical)
-        with gc_paused():
-            if containers:
-                thunks = {p: loader.add(p, e) for p, e in leaves.items()}
-            else:
-                thunks = {logical: loader.add(logical, entry, obj_out)}
-            run_sync(self._fetch(loader, config))
-        result: T = inflate(logical, containers, {p: thunk() for p, thunk in thunks.items()})
+        result: T = restore_engine.read_object(
+            self.metadata,
+            path,
+            obj_out,
+            path=self.path,
+            open_plugin=self._plugin,
+            rank=group.rank,
+            config=config,
+            weights_only=weights_only,
+        )
         return result
 
-    def _resolve_logical_path(self, path: str, rank: int) -> tuple[dict[str, Entry], str]:
-        """The rank view and logical path ``path`` names; ``"<rank>/..."`` selects that rank's view."""
-        view = rank_view(self.metadata, rank)
-        if path in view:
-            return view, path
-        head, _, rest = path.partition("/")
-        if head.isdigit() and rest:
-            prefixed_view = rank_view(self.metadata, int(head))
-            if rest in prefixed_view:
-                return prefixed_view, rest
-        raise LogicalPathNotFoundError(
-            f"logical path {path!r} is not in the snapshot at {self.path!r}{close_matches(path, view)}. "
-            "List the paths with Snapshot(path).get_manifest()"
-        )
+
+class PendingSnapshot:
+    """A snapshot being written in the background; :meth:`wait` gives the committed :class:`Snapshot`.
+
+    Attributes:
+        path: where the snapshot is being written (rank 0's path).
+    """
+
+    def __init__(self, job: take_engine.TakeJob, snapshot: Snapshot) -> None:
+        self.path = job.path
+        self._job = job
+        self._snapshot = snapshot
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "writing"
+        return f"PendingSnapshot({self.path!r}, {state})"
+
+    def done(self) -> bool:
+        """Whether the background work finished (committed, or failed)."""
+        return self._job.done()
+
+    def wait(self, timeout: float | None = None) -> Snapshot:
+        """Block until the snapshot is committed and return it; raise what went wrong.
+
+        Raises:
+            WaitTimeoutError: ``timeout`` seconds passed first; the snapshot keeps being
+                written and ``wait`` may be called again.
+            RankFailedError: another rank's writes failed (its error is the cause).
+            CheckpointDaemonError: the checkpoint daemon died.
+            StorageError, ...: this rank's own failure, as ``take`` would raise it.
+        """
+        metadata = self._job.wait(timeout)
+        if metadata is not None and self._snapshot._metadata is None:
+            self._snapshot._metadata = metadata
+        return self._snapshot

@@ -9,11 +9,13 @@ import torch
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit._config import Config
-from snapshotkit._runtime.loop import run_sync
-from snapshotkit._take.engine import collect_state, execute_take, plan_take
+from snapshotkit._dist import resolve_group
+from snapshotkit._take.engine import run_prepared
+from snapshotkit._take.prepare import prepare_take
+from snapshotkit._take.writers import InlineWriter
 from snapshotkit.errors import SnapshotExistsError
 from snapshotkit.manifest import ObjectEntry, TensorEntry
-from snapshotkit.storage import FSStoragePlugin
+from snapshotkit.storage import FSStoragePlugin, url_to_storage_plugin
 
 
 def test_torch_save_payloads_larger_than_a_chunk_stay_one_piece(
@@ -42,14 +44,14 @@ def test_a_losing_concurrent_take_does_not_damage_the_committed_snapshot(tmp_pat
     winner = {"sd": StateDict(t=torch.arange(1000.0))}
     loser = {"sd": StateDict(t=torch.zeros(1000))}
     config = Config.resolve()
-    plan = plan_take(collect_state(loser), rank=0, replicated=[], config=config)
+    group = resolve_group(None)
+    prepared = prepare_take(
+        path, loser, group=group, config=config, replicated=[], open_plugin=lambda p: url_to_storage_plugin(p, {})
+    )
     Snapshot.take(path, winner)
 
-    async def late_take() -> None:
-        await execute_take(FSStoragePlugin(path), plan, path=path, world_size=1, config=config)
-
     with pytest.raises(SnapshotExistsError):
-        run_sync(late_take())
+        run_prepared(prepared, group=group, config=config, storage_options={}, writer=InlineWriter()).wait()
     assert torch.equal(Snapshot(path).read_object("sd/t"), torch.arange(1000.0))
 
 

@@ -16,18 +16,21 @@ import dataclasses
 import fnmatch
 import heapq
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclasses.dataclass(frozen=True)
-class WriteItem:
+class WriteItem(Generic[K]):
     """A piece some rank must write: ``key`` names it identically on every rank."""
 
-    key: Hashable
+    key: K
     nbytes: int
     holders: tuple[int, ...] | None = None  # ranks allowed to write it; None: any rank
 
 
-def assign_writers(items: Iterable[WriteItem], base_loads: Sequence[int]) -> dict[Hashable, int]:
+def assign_writers(items: Iterable[WriteItem[K]], base_loads: Sequence[int]) -> dict[K, int]:
     """The writing rank of every item, balancing bytes over ranks (deterministic).
 
     ``base_loads[r]`` is what rank ``r`` writes anyway (its rank-local bytes). Ties go to the
@@ -36,7 +39,7 @@ def assign_writers(items: Iterable[WriteItem], base_loads: Sequence[int]) -> dic
     loads = list(base_loads)
     heap = [(load, rank) for rank, load in enumerate(loads)]
     heapq.heapify(heap)
-    owner: dict[Hashable, int] = {}
+    owner: dict[K, int] = {}
     ordered = sorted(items, key=lambda item: (-item.nbytes, repr(item.key)))
     for item in ordered:
         if item.holders is None:

@@ -17,8 +17,7 @@ from snapshotkit._format.checksum import crc32c, format_checksum, parse_checksum
 from snapshotkit._format.entries import Piece
 from snapshotkit._plan.reads import RangeRequest, ReadBatch, plan_read_batches
 from snapshotkit._runtime.budget import MemoryBudget
-from snapshotkit._runtime.loop import to_thread
-from snapshotkit._take.stage import gather_or_cancel
+from snapshotkit._runtime.loop import gather_or_cancel, to_thread
 from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError
 from snapshotkit.storage import StoragePlugin
 

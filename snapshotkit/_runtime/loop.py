@@ -12,8 +12,8 @@ import concurrent.futures
 import os
 import sys
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Coroutine, Iterable
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -110,32 +110,54 @@ def get_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+class Spawned(Generic[T]):
+    """A coroutine running on a snapshotkit loop, awaited from another thread.
+
+    Attributes:
+        future: completes with the coroutine's result or exception.
+    """
+
+    def __init__(self, coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> None:
+        self._finished = threading.Event()
+
+        async def tracked() -> T:
+            try:
+                return await coro
+            finally:
+                self._finished.set()  # set only after the coroutine's own clean-up ran
+
+        self.future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(tracked(), loop)
+
+    def result(self, timeout: float | None = None) -> T:
+        return self.future.result(timeout)
+
+    def cancel(self) -> None:
+        """Cancel the coroutine and wait (bounded) until its own clean-up has run."""
+        if not self.future.done():
+            # Cancelling the concurrent future cancels the task; it completes at once while the
+            # task may still be cleaning up, so wait for the coroutine itself to finish.
+            self.future.cancel()
+            self._finished.wait(timeout=_CANCEL_CLEANUP_TIMEOUT_S)
+
+
+def spawn(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | None = None) -> Spawned[T]:
+    """Start ``coro`` on ``loop`` (default: the snapshotkit loop) without waiting for it."""
+    if threading.current_thread().name == "snapshotkit-loop":
+        raise RuntimeError("spawn() called from the snapshotkit loop itself; await the coroutine instead")
+    return Spawned(coro, loop or get_loop())
+
+
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on the snapshotkit loop and wait for its result.
 
     If the waiting thread is interrupted (``KeyboardInterrupt``), the coroutine is cancelled and
     given the chance to clean up (a take deletes what it wrote) before the interrupt propagates.
     """
-    loop = get_loop()
-    if threading.current_thread().name == "snapshotkit-loop":
-        raise RuntimeError("run_sync() called from the snapshotkit loop itself; await the coroutine instead")
-    finished = threading.Event()
-
-    async def tracked() -> T:
-        try:
-            return await coro
-        finally:
-            finished.set()  # set only after the coroutine's own clean-up ran
-
-    future = asyncio.run_coroutine_threadsafe(tracked(), loop)
+    spawned = spawn(coro)
     try:
-        return future.result()
+        return spawned.result()
     except BaseException:
-        if not future.done():
-            # Cancelling the concurrent future cancels the task; it completes at once while the
-            # task may still be cleaning up, so wait for the coroutine itself to finish.
-            future.cancel()
-            finished.wait(timeout=_CANCEL_CLEANUP_TIMEOUT_S)
+        spawned.cancel()
         raise
 
 
@@ -151,4 +173,16 @@ async def to_thread(func: Any, *args: Any) -> Any:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
         await asyncio.wait([future])
+        raise
+
+
+async def gather_or_cancel(awaitables: Iterable[Awaitable[Any]]) -> list[Any]:
+    """``asyncio.gather`` that cancels the rest (and waits for them) when one fails."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         raise

@@ -6,10 +6,11 @@ only CPU time the trainer leaves idle), then calls :func:`main` with the socket'
 first argument. It reads messages from the socket ``fd``
 (a :class:`multiprocessing.connection.Connection`): first the runtime storage-plugin
 registrations to repeat, then ``("write", job, path, storage_options, location,
-shared_memory_name, nbytes, slots, io_concurrency)`` for each staged data object,
+shared_memory_name, nbytes, slots, io_concurrency)`` for each staged data object (``slots``:
+the ``(offset, nbytes)`` of each piece),
 ``("release", name)``, ``("stop",)``. For each write it checksums the staged bytes in the
 shared-memory segment, writes them with the storage plugin for ``path`` (at most
-``io_concurrency`` writes at once) and answers ``("done", job, checksums)`` or
+``io_concurrency`` writes at once) and answers ``("done", job, checksums)`` (the CRC-32C of each piece, in order) or
 ``("error", job, exception, text)``. It exits when told to or when the trainer goes away.
 """
 
@@ -24,7 +25,8 @@ from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 from snapshotkit._dist import portable
-from snapshotkit._take.writers import plugin_key, staged_checksums
+from snapshotkit._format.checksum import crc32c
+from snapshotkit._take.writers import plugin_key
 from snapshotkit.storage import StoragePlugin, register_storage_plugin, url_to_storage_plugin
 
 
@@ -77,7 +79,7 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
             assert segment.buf is not None
             view = segment.buf[:nbytes]
             try:
-                checksums = await loop.run_in_executor(None, staged_checksums, view, pieces)
+                checksums = await loop.run_in_executor(None, _checksums, view, pieces)
                 await plugin.write(location, [view])
             finally:
                 view.release()
@@ -108,6 +110,10 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
         loop.run_until_complete(plugin.close())
     for segment in segments.values():
         segment.close()
+
+
+def _checksums(view: memoryview, slots: list[tuple[int, int]]) -> list[int]:
+    return [crc32c(view[offset : offset + nbytes]) for offset, nbytes in slots]
 
 
 def main() -> None:

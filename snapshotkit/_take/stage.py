@@ -1,144 +1,153 @@
-"""The write pipeline: stage each data object's pieces, checksum them, write, under the budget.
+"""Staging: turn a planned data object into the exact bytes to write, and checksum them.
 
-Staging is free for payloads whose memory can be written as it is (contiguous CPU tensors,
-already-serialized objects); other tensors (non-contiguous views, GPU tensors, lazy conj/neg
-views) are copied piece by piece into host buffers, and those copies are what the memory
-budget limits.
+Two ways, one layout (the pieces at their offsets, zero padding between):
+
+* :class:`ViewStager`, for the inline writer: views of the payloads' own memory wherever it can
+  be written as it is (contiguous CPU tensors, serialized objects: no copy at all); other
+  tensors (non-contiguous views, GPU tensors, lazy conj/neg views) are copied piece by piece into
+  host buffers, and those copies are what the memory budget counts (:func:`staging_cost_bytes`).
+* :func:`stage_into`, for the background writers: every piece copied into one buffer the writer
+  owns (pooled, pinned or shared memory), so the caller may change its tensors as soon as
+  staging returns. GPU pieces are copied on a side CUDA stream.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from snapshotkit._format.checksum import crc32c
-from snapshotkit._format.serialization import byte_view, contiguous_cpu_copy, copy_flat_range_out, is_zero_copy_source
+from snapshotkit._format.serialization import (
+    byte_view,
+    contiguous_cpu_copy,
+    copy_flat_range_out,
+    flat_range_views,
+    tensor_from_bytes,
+)
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
-from snapshotkit._runtime.budget import MemoryBudget
-from snapshotkit._runtime.loop import to_thread
-from snapshotkit.storage import StoragePlugin
+from snapshotkit._plan.leaves import Payload
 
 _PADDING = bytes(64)
 
 
-@dataclasses.dataclass(slots=True)
-class Payload:
-    """The bytes of one stored value: a raw tensor's elements or serialized ``data``."""
+@dataclasses.dataclass(frozen=True)
+class StagedObject:
+    """A data object ready to write.
 
-    nbytes: int
-    itemsize: int = 1
-    tensor: torch.Tensor | None = None
-    data: bytes | None = None
+    Attributes:
+        plan: what it holds.
+        buffers: its bytes, back to back (pieces and padding).
+        pieces: each slot's bytes, in slot order (what the checksums cover).
+        handle: the writer's buffer to take back once written (None for views).
+        keepalive: staging copies that must live until the write finished.
+    """
 
-    @property
-    def zero_copy(self) -> bool:
-        return self.data is not None or (self.tensor is not None and is_zero_copy_source(self.tensor))
+    plan: DataObjectPlan
+    buffers: tuple[memoryview, ...]
+    pieces: tuple[memoryview, ...]
+    handle: Any = None
+    keepalive: tuple[Any, ...] = ()
 
-    @classmethod
-    def of_tensor(cls, tensor: torch.Tensor) -> Payload:
-        itemsize = tensor.element_size()
-        return cls(tensor.numel() * itemsize, itemsize, tensor)
 
-    @classmethod
-    def of_bytes(cls, data: bytes) -> Payload:
-        # The whole blob is one "element": torch.save bytes are never split into several pieces.
-        return cls(len(data), max(1, len(data)), data=data)
+def piece_checksums(staged: StagedObject) -> list[int]:
+    """The CRC-32C of every piece of ``staged``, in slot order."""
+    return [crc32c(piece) for piece in staged.pieces]
 
 
 def staging_cost_bytes(plan: DataObjectPlan, payloads: Sequence[Payload]) -> int:
-    """Host bytes that staging ``plan`` allocates (zero when every piece is written in place)."""
+    """Host bytes :class:`ViewStager` allocates for ``plan`` (zero when every piece is written in place)."""
     return sum(slot.nbytes for slot in plan.slots if not payloads[slot.payload].zero_copy)
 
 
-class _Stager:
-    """Turns slots into byte views, copying only where the source cannot be written directly."""
+class ViewStager:
+    """Stages data objects as views of the payloads' memory (see the module docstring).
+
+    Resolved sources (a conj/neg view materialised once) are kept per payload, so a tensor
+    split into many pieces is resolved once, not once per piece.
+    """
 
     def __init__(self, payloads: Sequence[Payload]) -> None:
         self._payloads = payloads
-        self._views: dict[int, memoryview] = {}
         self._resolved: dict[int, torch.Tensor] = {}
 
-    def view(self, slot: PieceSlot, keepalive: list[Any]) -> memoryview:
-        payload = self._payloads[slot.payload]
-        if payload.data is not None:
-            return memoryview(payload.data)[slot.start : slot.end]
-        tensor = payload.tensor
-        assert tensor is not None
-        if payload.zero_copy:
-            whole = self._views.get(slot.payload)
-            if whole is None:
-                whole = self._views[slot.payload] = byte_view(tensor)
-            return whole[slot.start : slot.end]
-        source = self._resolved.get(slot.payload)
+    def _source(self, index: int, tensor: torch.Tensor) -> torch.Tensor:
+        source = self._resolved.get(index)
         if source is None:
             source = tensor.detach()
             if source.is_conj() or source.is_neg():
                 source = contiguous_cpu_copy(source)
-            self._resolved[slot.payload] = source
+            self._resolved[index] = source
+        return source
+
+    def _view(self, slot: PieceSlot, keepalive: list[Any]) -> memoryview:
+        payload = self._payloads[slot.payload]
+        if payload.data is not None:
+            return memoryview(payload.data)[slot.start : slot.end]
+        assert payload.tensor is not None
+        if payload.zero_copy:
+            return byte_view(payload.tensor)[slot.start : slot.end]
         first, last = slot.start // payload.itemsize, slot.end // payload.itemsize
-        staged = torch.empty(last - first, dtype=source.dtype, device="cpu")
-        copy_flat_range_out(source, first, last, staged)
+        staged = torch.empty(last - first, dtype=payload.tensor.dtype, device="cpu")
+        copy_flat_range_out(self._source(slot.payload, payload.tensor), first, last, staged)
         keepalive.append(staged)
         return byte_view(staged)
 
-
-def _stage_object(plan: DataObjectPlan, stager: _Stager, verify: bool) -> tuple[list[memoryview], list[int], list[Any]]:
-    buffers: list[memoryview] = []
-    checksums: list[int] = []
-    keepalive: list[Any] = []
-    offset = 0
-    for slot in plan.slots:
-        if slot.offset > offset:
-            buffers.append(memoryview(_PADDING)[: slot.offset - offset])
-        view = stager.view(slot, keepalive)
-        buffers.append(view)
-        checksums.append(crc32c(view) if verify else 0)
-        offset = slot.offset + slot.nbytes
-    return buffers, checksums, keepalive
-
-
-async def gather_or_cancel(awaitables: Iterable[Awaitable[Any]]) -> list[Any]:
-    """``asyncio.gather`` that cancels the rest (and waits for them) when one fails."""
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    def stage(self, plan: DataObjectPlan) -> StagedObject:
+        """``plan`` as views of the payloads' memory, copying only what cannot be written in place."""
+        buffers: list[memoryview] = []
+        pieces: list[memoryview] = []
+        keepalive: list[Any] = []
+        offset = 0
+        for slot in plan.slots:
+            if slot.offset > offset:
+                buffers.append(memoryview(_PADDING)[: slot.offset - offset])
+            view = self._view(slot, keepalive)
+            buffers.append(view)
+            pieces.append(view)
+            offset = slot.offset + slot.nbytes
+        return StagedObject(plan, tuple(buffers), tuple(pieces), None, tuple(keepalive))
 
 
-async def write_data_objects(
-    plugin: StoragePlugin,
-    plans: Sequence[DataObjectPlan],
-    payloads: Sequence[Payload],
-    *,
-    budget: MemoryBudget,
-    io_concurrency: int,
-    written: list[str],
-) -> dict[tuple[int, int], int]:
-    """Write every data object; return the CRC-32C of each piece keyed by ``(payload, start)``.
+def stage_into(
+    plan: DataObjectPlan, payloads: Sequence[Payload], out: memoryview, handle: Any, stream: Any = None
+) -> StagedObject:
+    """Copy the pieces of ``plan`` into ``out`` (``plan.nbytes`` long) at their offsets.
 
-    ``written`` collects the locations whose write started, so a failed take can delete them.
+    GPU pieces are copied on ``stream`` (a side CUDA stream) without blocking and waited for at
+    the end, so the copies overlap each other; ``out`` should then be pinned host memory.
     """
-    stager = _Stager(payloads)
-    slots_in_flight = asyncio.Semaphore(io_concurrency)
-    checksums: dict[tuple[int, int], int] = {}
-
-    async def write_one(plan: DataObjectPlan) -> None:
-        cost = staging_cost_bytes(plan, payloads)
-        async with slots_in_flight, budget.reserve(cost):
-            buffers, crcs, keepalive = await to_thread(_stage_object, plan, stager, True)
-            written.append(plan.location)
-            await plugin.write(plan.location, buffers)
-            del keepalive
-        for slot, crc in zip(plan.slots, crcs, strict=False):
-            checksums[(slot.payload, slot.start)] = crc
-
-    await gather_or_cancel(write_one(plan) for plan in plans)
-    return checksums
+    position = 0
+    pending_gpu = False
+    for slot in plan.slots:
+        if slot.offset > position:
+            out[position : slot.offset] = bytes(slot.offset - position)  # alignment padding
+        destination = out[slot.offset : slot.offset + slot.nbytes]
+        payload = payloads[slot.payload]
+        if payload.data is not None:
+            destination[:] = memoryview(payload.data)[slot.start : slot.end]
+        else:
+            assert payload.tensor is not None
+            source = payload.tensor.detach()
+            if source.is_conj() or source.is_neg():
+                source = source.resolve_conj().resolve_neg()
+            first, last = slot.start // payload.itemsize, slot.end // payload.itemsize
+            target = tensor_from_bytes(destination, source.dtype, (last - first,))
+            gpu = source.is_cuda and stream is not None
+            pending_gpu = pending_gpu or gpu
+            with torch.cuda.stream(stream) if gpu else contextlib.nullcontext():
+                position_in_target = 0
+                for view in flat_range_views(source, first, last):
+                    count = view.numel()
+                    target[position_in_target : position_in_target + count].view(view.shape).copy_(
+                        view, non_blocking=gpu
+                    )
+                    position_in_target += count
+        position = slot.offset + slot.nbytes
+    if pending_gpu:
+        stream.synchronize()
+    pieces = tuple(out[s.offset : s.offset + s.nbytes] for s in plan.slots)
+    return StagedObject(plan, (out,), pieces, handle)

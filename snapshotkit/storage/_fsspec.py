@@ -4,6 +4,14 @@ A fallback for schemes with no dedicated plugin. It speaks fsspec's synchronous 
 snapshotkit thread pool; writes stream the caller's buffers into one file without joining them.
 ``write_exclusive`` checks then writes, so the commit marker is exclusive only in the absence of
 a concurrent writer (``capabilities.atomic_exclusive_write`` is False).
+
+It is also the base of the object-store plugins (GCS, S3), which override hooks rather than
+operations: :meth:`~FsspecStoragePlugin._request` (how one request is attempted),
+:meth:`~FsspecStoragePlugin._map_error` (backend errors to snapshotkit's),
+:meth:`~FsspecStoragePlugin._missing_bucket`, :meth:`~FsspecStoragePlugin._size`,
+:meth:`~FsspecStoragePlugin._read_whole`, :meth:`~FsspecStoragePlugin._range_failed`, and the
+writes. Path mapping, the exists/read/delete/list shape, missing-object and past-the-end errors
+stay here.
 """
 
 from __future__ import annotations
@@ -57,9 +65,26 @@ class FsspecStoragePlugin(StoragePlugin):
         self.protocol = protocol
         self.root = root.rstrip("/")
         self._fs = filesystem
+        # Once found, the bucket is not looked up again: every missing object would cost a request.
+        self._bucket_exists = False
+
+    # ----------------------------------------------------------------- hooks
 
     def _path(self, location: str) -> str:
         return f"{self.root}/{location}"
+
+    def _uri(self, location: str) -> str:
+        return f"{self.protocol}://{self._path(location)}"
+
+    def _request(self, describe: str, function: Callable[[], T]) -> T:
+        """Send one idempotent request, ``function()``, blocking; ``describe`` names it in messages.
+
+        fsspec filesystems retry (or not) inside their own calls, so the base just calls. A
+        subclass that switched its filesystem's retries off retries here, per request, and maps
+        errors here that must not reach the callers as they are (a missing bucket is a
+        ``FileNotFoundError`` to s3fs, which the callers would take for a missing object).
+        """
+        return function()
 
     def _map_error(self, exc: Exception, describe: str) -> BaseException | None:
         """The snapshotkit error for a backend failure, or None to let it propagate unchanged.
@@ -70,6 +95,32 @@ class FsspecStoragePlugin(StoragePlugin):
             return StoragePermissionError(f"{describe}: permission denied ({exc}); check the credentials")
         return None
 
+    def _missing_bucket(self) -> BucketNotFoundError | None:
+        """The error for a missing bucket, or None when it exists (blocking; the base has none).
+
+        A 404 does not say whether the object or its bucket is missing, so :meth:`_missing` asks
+        this until the bucket has been found once.
+        """
+        return None
+
+    def _missing(self, location: str) -> FileNotFoundError:
+        """The error for a missing object, or for its missing bucket."""
+        if not self._bucket_exists:
+            error = self._missing_bucket()
+            if error is not None:
+                return error
+            self._bucket_exists = True
+        return FileNotFoundError(errno.ENOENT, "no such object", self._uri(location))
+
+    def _on_object(self, verb: str, location: str, function: Callable[[], T]) -> T:
+        """One :meth:`_request` about ``location``; a missing object raises :meth:`_missing`'s error."""
+        try:
+            return self._request(f"{verb} {self._uri(location)}", function)
+        except BucketNotFoundError:
+            raise
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise self._missing(location) from None
+
     async def _run(self, describe: str, location: str, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` on the thread pool, backend errors mapped by :meth:`_map_error`."""
         try:
@@ -77,23 +128,45 @@ class FsspecStoragePlugin(StoragePlugin):
         except _CONTRACT_ERRORS:
             raise
         except Exception as exc:
-            mapped = self._map_error(exc, f"{describe} {self.protocol}://{self._path(location)}")
+            mapped = self._map_error(exc, f"{describe} {self._uri(location)}")
             if mapped is None:
                 raise
             raise mapped from exc
         return result
 
-    def _missing(self, location: str) -> FileNotFoundError:
-        return FileNotFoundError(errno.ENOENT, "no such object", f"{self.protocol}://{self._path(location)}")
-
     def _size(self, location: str) -> int:
-        try:
-            info = self._fs.info(self._path(location))
-        except (FileNotFoundError, NotADirectoryError):
-            raise self._missing(location) from None
+        """The size of the object ``location`` (blocking); a "directory" is a missing object."""
+        path = self._path(location)
+        info = self._on_object("info", location, lambda: self._fs.info(path))
         if info.get("type") != "file":  # a directory or prefix of other objects
             raise self._missing(location)
         return int(info["size"])
+
+    def _get(self, location: str, start: int | None = None, end: int | None = None) -> bytes:
+        """One read of ``location``: all of it, or ``[start, end)`` (which may come back short)."""
+        path = self._path(location)
+        verb = "read" if start is None else f"read[{start}:{end}]"
+        return bytes(self._on_object(verb, location, lambda: self._fs.cat_file(path, start=start, end=end)))
+
+    def _read_whole(self, location: str) -> bytes:
+        """All of ``location`` (blocking).
+
+        The base looks the size up first: reading a directory does not fail on every
+        filesystem, and the lookup makes it a missing object.
+        """
+        size = self._size(location)
+        return _exactly(location, self._get(location, 0, size), 0, size) if size else b""
+
+    def _range_failed(self, location: str, exc: Exception, start: int, end: int) -> None:
+        """Raise ``EOFError`` if reading ``[start, end)`` failed with ``exc`` for ending past the object.
+
+        Some servers refuse a range that starts at or past the end (HTTP 416) rather than
+        answering short; the base looks the size up to tell. Returning lets ``exc`` propagate.
+        """
+        if (size := self._size(location)) < end:
+            raise _past_the_end(location, start, end, size) from None
+
+    # ----------------------------------------------------------------- operations
 
     def _write_blocking(self, location: str, buffers: list[memoryview]) -> None:
         path = self._path(location)
@@ -111,39 +184,36 @@ class FsspecStoragePlugin(StoragePlugin):
         await self._run("write", location, self._write_blocking, location, as_buffers(data))
 
     def _read_blocking(self, location: str, byte_range: ByteRange | None) -> bytes:
-        if byte_range is not None and byte_range.end > byte_range.start:
-            # A non-empty range needs no size lookup first (one request instead of two or
-            # three on object stores): a range past the end comes back short.
-            start, end = byte_range.start, byte_range.end
-        else:
+        if byte_range is None:
+            return self._read_whole(location)
+        start, end = byte_range.start, byte_range.end
+        if start == end:  # no read can tell whether an empty range is inside the object
             size = self._size(location)
-            start, end = (0, size) if byte_range is None else (byte_range.start, byte_range.end)
             if end > size:
                 raise _past_the_end(location, start, end, size)
-            if start == end:
-                return b""
+            return b""
+        # A non-empty range needs no size lookup first (one request instead of two or three on
+        # object stores): a range past the end comes back short.
         try:
-            data = bytes(self._fs.cat_file(self._path(location), start=start, end=end))
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # also: deleted since the lookup
-            raise self._missing(location) from None
-        except Exception:
-            # A range that starts at or past the end is refused by some servers (HTTP 416).
-            if byte_range is not None and (size := self._size(location)) < end:
-                raise _past_the_end(location, start, end, size) from None
+            data = self._get(location, start, end)
+        except _CONTRACT_ERRORS:
             raise
-        if len(data) != end - start:
-            raise EOFError(f"{location}: read {len(data)} bytes of range [{start}, {end}), the object ends before it")
-        return data
+        except Exception as exc:
+            self._range_failed(location, exc, start, end)
+            raise
+        return _exactly(location, data, start, end)
 
     async def read(self, location: str, byte_range: ByteRange | None = None) -> bytes | memoryview:
         data: bytes = await self._run("read", location, self._read_blocking, location, byte_range)
         return data
 
     def _delete_blocking(self, location: str) -> None:
-        self._size(location)  # raises FileNotFoundError unless it is an object
+        # The lookup raises FileNotFoundError unless it is an object: deleting a missing key
+        # succeeds on object stores, and the contract wants an error.
+        self._size(location)
         path = self._path(location)
         try:
-            self._fs.rm_file(path)
+            self._on_object("delete", location, lambda: self._fs.rm_file(path))
         finally:
             self._fs.invalidate_cache(path)
 
@@ -166,8 +236,9 @@ class FsspecStoragePlugin(StoragePlugin):
     def _list_blocking(self, prefix: str) -> list[str]:
         # List below the deepest "directory" of the prefix, then filter on the full prefix.
         directory = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        top = f"{self.root}/{directory}" if directory else self.root
         try:
-            paths = self._fs.find(f"{self.root}/{directory}" if directory else self.root)
+            paths = self._request(f"list {self.protocol}://{top}", lambda: self._fs.find(top))
         except FileNotFoundError:
             return []
         base = self._fs._strip_protocol(self.root).rstrip("/") + "/"
@@ -180,6 +251,13 @@ class FsspecStoragePlugin(StoragePlugin):
 
     async def close(self) -> None:
         return None
+
+
+def _exactly(location: str, data: bytes, start: int, end: int) -> bytes:
+    """``data``, the read of ``[start, end)``, if it is that long; a short read is an EOFError."""
+    if len(data) != end - start:
+        raise EOFError(f"{location}: read {len(data)} bytes of range [{start}, {end}), the object ends before it")
+    return data
 
 
 def _past_the_end(location: str, start: int, end: int, size: int) -> EOFError:

@@ -66,7 +66,6 @@ class GCSStoragePlugin(FsspecStoragePlugin):
         # on gcsfs's I/O loop, which cleans it up at exit: close() leaves them alone.
         super().__init__("gs", root, filesystem=gcsfs.GCSFileSystem(**options))
         self.bucket = root.split("/", 1)[0]
-        self._bucket_exists = False
 
     # ----------------------------------------------------------------- errors
 
@@ -81,18 +80,15 @@ class GCSStoragePlugin(FsspecStoragePlugin):
             )
         return super()._map_error(exc, describe)
 
-    def _missing(self, location: str) -> FileNotFoundError:
-        """A missing object, or a missing bucket (a 404 alone does not say which; asked once)."""
-        if not self._bucket_exists:
-            try:
-                self._fs.call("GET", "b/{}", self.bucket, json_out=True)
-            except FileNotFoundError:
-                endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "GCS"
-                return BucketNotFoundError(
-                    f"gs://{self.bucket}: the bucket does not exist ({endpoint}); create it first or fix the URI"
-                )
-            self._bucket_exists = True
-        return super()._missing(location)
+    def _missing_bucket(self) -> BucketNotFoundError | None:
+        try:
+            self._fs.call("GET", "b/{}", self.bucket, json_out=True)
+        except FileNotFoundError:
+            endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "GCS"
+            return BucketNotFoundError(
+                f"gs://{self.bucket}: the bucket does not exist ({endpoint}); create it first or fix the URI"
+            )
+        return None
 
     # ----------------------------------------------------------------- write
 

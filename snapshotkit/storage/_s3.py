@@ -27,6 +27,11 @@ credentials (``AccessDenied``, ``InvalidAccessKeyId``, ``SignatureDoesNotMatch``
 The plugin's filesystems are a private ``S3FileSystem`` subclass, so fsspec shares them only
 between snapshotkit plugins with equal options and their settings never leak into other users
 of s3fs in the process.
+
+The plugin is the generic fsspec plugin (:class:`~snapshotkit.storage.FsspecStoragePlugin`)
+with S3's hooks: each request retried and its errors mapped, sizes by ``HeadObject``,
+whole-object reads with no size lookup first, ``InvalidRange`` as past the end, and its own
+writes, commit marker, listing and batched ``delete_prefix``.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from snapshotkit._runtime.loop import to_thread
 from snapshotkit.errors import BucketNotFoundError, ConfigError, StorageError, StoragePermissionError
-from snapshotkit.storage._base import ByteRange, Capabilities, StoragePlugin, as_buffers
+from snapshotkit.storage._base import Capabilities, as_buffers
+from snapshotkit.storage._fsspec import FsspecStoragePlugin
 from snapshotkit.storage._retry import RetryPolicy, call_with_retries, is_transient_connection_error
 
 if TYPE_CHECKING:
@@ -131,8 +137,12 @@ def _filesystem_class(base: type[Any]) -> type[Any]:
     return type("SnapshotkitS3FileSystem", (base,), {"retries": 1, "__module__": __name__})
 
 
-class S3StoragePlugin(StoragePlugin):
-    """Objects of an S3 bucket below ``root`` (``"bucket"`` or ``"bucket/prefix"``)."""
+class S3StoragePlugin(FsspecStoragePlugin):
+    """Objects of an S3 bucket below ``root`` (``"bucket"`` or ``"bucket/prefix"``).
+
+    Path mapping, reads, ``exists``, ``delete`` and the error shapes are the generic fsspec
+    plugin's; S3 supplies the request hooks, the writes, the listing and ``delete_prefix``.
+    """
 
     capabilities = Capabilities(atomic_exclusive_write=True, listing=True)
 
@@ -160,35 +170,40 @@ class S3StoragePlugin(StoragePlugin):
             raise ConfigError(f"S3 root {root!r} names no bucket (expected s3://bucket[/prefix])")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self._fs = _filesystem_class(s3fs.S3FileSystem)(**options)
-        self._bucket_exists = False
+        filesystem = _filesystem_class(s3fs.S3FileSystem)(**options)
+        super().__init__("s3", f"{bucket}/{self.prefix}" if self.prefix else bucket, filesystem=filesystem)
         self._closed = False
 
-    # ----------------------------------------------------------------- helpers
+    # ----------------------------------------------------------------- hooks
 
     def _key(self, location: str) -> str:
         return f"{self.prefix}/{location}" if self.prefix else location
 
-    def _uri(self, location: str) -> str:
-        return f"s3://{self.bucket}/{self._key(location)}"
-
-    def _attempt(self, describe: str, function: Callable[[], T]) -> T:
-        """Run one request under the retry policy; map refused credentials and missing buckets."""
+    def _request(self, describe: str, function: Callable[[], T]) -> T:
+        """One request under the retry policy; refused credentials and missing buckets mapped."""
         try:
             return call_with_retries(function, describe=describe, policy=self.retry, is_transient=is_transient)
-        except (StoragePermissionError, BucketNotFoundError):
+        except StorageError:  # retries exhausted, or mapped already
             raise
         except Exception as exc:
-            code = _error_code(exc)
-            if code == "NoSuchBucket":
-                raise self._no_bucket(describe) from exc
-            if code in PERMISSION_CODES or _http_status(exc) == 403 or isinstance(exc, PermissionError):
-                raise StoragePermissionError(
-                    f"{describe}: access denied ({code or type(exc).__name__}: {exc}). Check the credentials "
-                    "(storage_options key/secret/token, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_PROFILE) "
-                    "and that they may read and write this bucket"
-                ) from exc
-            raise
+            # Mapped here, not only by _run: s3fs makes NoSuchBucket a FileNotFoundError, which
+            # the callers would take for a missing object.
+            mapped = self._map_error(exc, describe)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    def _map_error(self, exc: Exception, describe: str) -> BaseException | None:
+        code = _error_code(exc)
+        if code == "NoSuchBucket":
+            return self._no_bucket(describe)
+        if code in PERMISSION_CODES or _http_status(exc) == 403 or isinstance(exc, PermissionError):
+            return StoragePermissionError(
+                f"{describe}: access denied ({code or type(exc).__name__}: {exc}). Check the credentials "
+                "(storage_options key/secret/token, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_PROFILE) "
+                "and that they may read and write this bucket"
+            )
+        return super()._map_error(exc, describe)
 
     def _no_bucket(self, describe: str) -> BucketNotFoundError:
         where = f" at {self._fs.endpoint_url}" if self._fs.endpoint_url else ""
@@ -197,39 +212,39 @@ class S3StoragePlugin(StoragePlugin):
             "(s3://bucket/prefix) or the endpoint_url storage option"
         )
 
-    def _missing(self, location: str) -> FileNotFoundError:
-        """The error for a missing object, or for its missing bucket (a HEAD 404 does not say which)."""
-        if not self._bucket_exists:
-            try:
-                self._attempt(f"HEAD s3://{self.bucket}", lambda: self._fs.call_s3("head_bucket", Bucket=self.bucket))
-            except FileNotFoundError:
-                return self._no_bucket(f"s3://{self.bucket}")
-            self._bucket_exists = True
-        return FileNotFoundError(errno.ENOENT, "no such object", self._uri(location))
-
-    def _on_object(self, location: str, describe: str, function: Callable[[], T]) -> T:
-        """One request about ``location`` with retries; a missing object raises FileNotFoundError."""
+    def _missing_bucket(self) -> BucketNotFoundError | None:
         try:
-            return self._attempt(f"{describe} {self._uri(location)}", function)
-        except BucketNotFoundError:
-            raise
+            self._request(f"HEAD s3://{self.bucket}", lambda: self._fs.call_s3("head_bucket", Bucket=self.bucket))
         except FileNotFoundError:
-            raise self._missing(location) from None
+            return self._no_bucket(f"s3://{self.bucket}")
+        return None
 
     def _call(self, method: str, location: str, **kwargs: Any) -> Any:
-        """``fs.call_s3(method, Bucket=..., Key=...)`` under :meth:`_on_object`."""
+        """``fs.call_s3(method, Bucket=..., Key=..., **kwargs)`` about ``location``, under :meth:`_on_object`."""
+        key = self._key(location)
         return self._on_object(
-            location, method, lambda: self._fs.call_s3(method, Bucket=self.bucket, Key=self._key(location), **kwargs)
+            method, location, lambda: self._fs.call_s3(method, Bucket=self.bucket, Key=key, **kwargs)
         )
 
     def _size(self, location: str) -> int:
         # HeadObject names exactly one key: a "directory" prefix of other objects is missing.
+        # (s3fs's info() would list the prefix of a missing key too: a second request.)
         head = self._call("head_object", location)
         return int(head["ContentLength"])
 
+    def _read_whole(self, location: str) -> bytes:
+        # No size lookup first: a GET names exactly one key, as HeadObject does.
+        return self._get(location)
+
+    def _range_failed(self, location: str, exc: Exception, start: int, end: int) -> None:
+        # S3 answers a range that starts past the end with 416 InvalidRange: no HEAD needed to tell.
+        if _error_code(exc) in {"InvalidRange", "416"}:
+            raise EOFError(f"{location}: range [{start}, {end}) starts past the end of the object") from None
+
     # ----------------------------------------------------------------- write
 
-    def _put_blocking(self, location: str, body: bytes, exclusive: bool) -> None:
+    def _put_blocking(self, location: str, buffers: list[memoryview], exclusive: bool) -> None:
+        body = _join(buffers, 0, sum(b.nbytes for b in buffers))
         if not exclusive:
             self._call("put_object", location, Body=body)
             return
@@ -247,7 +262,7 @@ class S3StoragePlugin(StoragePlugin):
             # aiohttp re-sending on a dropped keep-alive connection) is refused by the object
             # its first attempt wrote. Exclusive payloads are unique (a manifest names its
             # take), so an object holding exactly these bytes is this write's own.
-            if self._read_blocking(location, None) == body:
+            if self._read_whole(location) == body:
                 return
             raise FileExistsError(errno.EEXIST, "object exists", self._uri(location)) from None
 
@@ -285,71 +300,25 @@ class S3StoragePlugin(StoragePlugin):
         buffers = as_buffers(data)
         total = sum(b.nbytes for b in buffers)
         if total <= self.part_size_bytes:
-            await to_thread(self._put_blocking, location, _join(buffers, 0, total), False)
+            await self._run("write", location, self._put_blocking, location, buffers, False)
         else:
             await self._multipart(location, buffers, total)
 
     async def write_exclusive(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
         # One conditional PutObject (If-None-Match: *): atomic on S3 and SeaweedFS. Commit
         # markers are tiny, so the single-put path is always taken.
-        buffers = as_buffers(data)
-        total = sum(b.nbytes for b in buffers)
-        await to_thread(self._put_blocking, location, _join(buffers, 0, total), True)
+        await self._run("create", location, self._put_blocking, location, as_buffers(data), True)
 
-    # ----------------------------------------------------------------- read
-
-    def _read_blocking(self, location: str, byte_range: ByteRange | None) -> bytes:
-        path = f"{self.bucket}/{self._key(location)}"
-        if byte_range is None:
-            return bytes(self._on_object(location, "get_object", lambda: self._fs.cat_file(path)))
-        start, end = byte_range.start, byte_range.end
-        if start == end:
-            size = self._size(location)
-            if end > size:
-                raise EOFError(f"{location}: range [{start}, {end}) reaches past the end of the object ({size} bytes)")
-            return b""
-        try:
-            data = bytes(
-                self._on_object(
-                    location, f"get_object[{start}:{end}]", lambda: self._fs.cat_file(path, start=start, end=end)
-                )
-            )
-        except OSError as exc:
-            if _error_code(exc) in {"InvalidRange", "416"}:
-                raise EOFError(f"{location}: range [{start}, {end}) starts past the end of the object") from None
-            raise
-        if len(data) != end - start:
-            raise EOFError(f"{location}: read {len(data)} bytes of range [{start}, {end})")
-        return data
-
-    async def read(self, location: str, byte_range: ByteRange | None = None) -> bytes | memoryview:
-        data: bytes = await to_thread(self._read_blocking, location, byte_range)
-        return data
-
-    async def exists(self, location: str) -> bool:
-        try:
-            await to_thread(self._size, location)
-        except BucketNotFoundError:
-            raise
-        except FileNotFoundError:
-            return False
-        return True
-
-    # ----------------------------------------------------------------- delete and list
-
-    def _delete_blocking(self, location: str) -> None:
-        self._size(location)  # DeleteObject succeeds on a missing key; the contract wants an error
-        self._call("delete_object", location)
-
-    async def delete(self, location: str) -> None:
-        await to_thread(self._delete_blocking, location)
+    # ----------------------------------------------------------------- list and delete
 
     def _list_blocking(self, prefix: str) -> list[str]:
+        # ListObjectsV2 on the full key prefix: one request per 1000 keys, where s3fs's find()
+        # lists from the "directory" and looks a missing prefix up again.
         base = f"{self.prefix}/" if self.prefix else ""
         found: list[str] = []
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": base + prefix}
         while True:
-            page = self._attempt(
+            page = self._request(
                 f"list_objects_v2 s3://{self.bucket}/{kwargs['Prefix']}",
                 lambda: self._fs.call_s3("list_objects_v2", **kwargs),
             )
@@ -363,14 +332,10 @@ class S3StoragePlugin(StoragePlugin):
             kwargs["ContinuationToken"] = token
         return sorted(found)
 
-    async def list(self, prefix: str = "") -> list[str]:
-        found: list[str] = await to_thread(self._list_blocking, prefix)
-        return found
-
     def _delete_many_blocking(self, locations: Sequence[str]) -> None:
         for start in range(0, len(locations), 1000):  # DeleteObjects takes at most 1000 keys
             keys = [{"Key": self._key(location)} for location in locations[start : start + 1000]]
-            response = self._attempt(
+            response = self._request(
                 f"delete_objects s3://{self.bucket} ({len(keys)} keys)",
                 functools.partial(
                     self._fs.call_s3, "delete_objects", Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True}
@@ -387,7 +352,7 @@ class S3StoragePlugin(StoragePlugin):
     async def delete_prefix(self, prefix: str) -> None:
         locations = await self.list(prefix)
         if locations:
-            await to_thread(self._delete_many_blocking, locations)
+            await self._run("delete_prefix", prefix, self._delete_many_blocking, locations)
 
     async def close(self) -> None:
         # The S3FileSystem may be shared through fsspec's instance cache with other plugins of

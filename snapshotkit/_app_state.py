@@ -1,0 +1,29 @@
+"""The ``app_state`` argument of take and restore: checked before anything is read or written."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from snapshotkit.errors import InvalidAppStateError
+from snapshotkit.stateful import RNGState, Stateful
+
+
+def validate_app_state(app_state: object) -> dict[str, Stateful]:
+    """Check that ``app_state`` maps string keys to :class:`Stateful` values."""
+    if not isinstance(app_state, Mapping):
+        raise InvalidAppStateError(
+            f"app_state must be a dict of name -> Stateful object, got {type(app_state).__name__}; "
+            "wrap loose values in snapshotkit.StateDict"
+        )
+    for key, value in app_state.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidAppStateError(f"app_state keys must be non-empty strings, got {key!r}")
+        if not isinstance(value, Stateful):
+            raise InvalidAppStateError(
+                f"app_state[{key!r}] is a {type(value).__name__}, which has no state_dict()/load_state_dict(); "
+                f"wrap plain values as snapshotkit.StateDict({key}=...) or give the object those two methods"
+            )
+    rng_keys = [key for key, value in app_state.items() if isinstance(value, RNGState)]
+    if len(rng_keys) > 1:
+        raise InvalidAppStateError(f"app_state holds {len(rng_keys)} RNGState objects ({rng_keys}); use one")
+    return dict(app_state)

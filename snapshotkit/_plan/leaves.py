@@ -1,0 +1,179 @@
+"""What one rank holds, described for planning, and what ranks tell each other about it.
+
+A take flattens the app state into *leaves* keyed by logical path. Every stored byte of a leaf
+belongs to a *payload*: a tensor's elements or an object's serialized bytes. Planning only
+needs sizes and kinds, so the descriptions here are small, typed and picklable (the
+:class:`RankInfo` of every rank travels to every other rank before anything is written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from snapshotkit._format.entries import ContainerEntry, PrimitiveEntry
+from snapshotkit._format.serialization import is_zero_copy_source
+from snapshotkit._format.sharded import Box
+from snapshotkit._plan.partition import matches_any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Payload:
+    """The bytes of one stored value: a raw tensor's elements, or serialized ``data``.
+
+    Attributes:
+        nbytes: its size.
+        itemsize: pieces are cut on multiples of this (a tensor's element size; a serialized
+            blob is one indivisible element).
+    """
+
+    nbytes: int
+    itemsize: int = 1
+    tensor: torch.Tensor | None = None
+    data: bytes | None = None
+
+    @property
+    def zero_copy(self) -> bool:
+        """Whether its memory can be written as it is (no staging copy)."""
+        return self.data is not None or (self.tensor is not None and is_zero_copy_source(self.tensor))
+
+    @classmethod
+    def of_tensor(cls, tensor: torch.Tensor) -> Payload:
+        itemsize = tensor.element_size()
+        return cls(tensor.numel() * itemsize, itemsize, tensor)
+
+    @classmethod
+    def of_bytes(cls, data: bytes) -> Payload:
+        return cls(len(data), max(1, len(data)), data=data)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TensorLeaf:
+    """A tensor stored whole by this rank (``payload`` indexes :attr:`LocalState.payloads`)."""
+
+    payload: int
+    dtype: str
+    shape: tuple[int, ...]
+    serializer: str
+    alias_of: str | None = None  # the first path whose payload this one shares (tied weights)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ObjectLeaf:
+    """A serialized object."""
+
+    payload: int
+    obj_type: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardBox:
+    """One local box of a sharded tensor and the payload holding its elements."""
+
+    box: Box
+    payload: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardedLeaf:
+    """The local boxes of a ``DTensor``/``ShardedTensor`` of global ``dtype`` and ``shape``."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    layout: str
+    boxes: tuple[ShardBox, ...]
+
+
+Leaf = TensorLeaf | ObjectLeaf | ShardedLeaf | PrimitiveEntry
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalState:
+    """One rank's flattened state: containers and leaves by logical path, and their payloads."""
+
+    containers: Mapping[str, ContainerEntry]
+    leaves: Mapping[str, Leaf]
+    payloads: Sequence[Payload]
+
+    def sharded_layouts(self) -> dict[str, str]:
+        """Logical path -> layout text of every sharded leaf (informative, for the manifest)."""
+        return {path: leaf.layout for path, leaf in self.leaves.items() if isinstance(leaf, ShardedLeaf)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSignature:
+    """What must be equal on every rank for a leaf to be stored once as replicated.
+
+    ``kind`` is ``"tensor"``, ``"alias"`` (a tensor tied to ``alias_of``), ``"object"`` or
+    ``"primitive"``; the other fields are those the kind has.
+    """
+
+    kind: str
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    serializer: str = ""
+    nbytes: int = 0
+    alias_of: str = ""
+    obj_type: str = ""
+    value: str = ""  # a primitive's repr
+
+
+def signature(local: LocalState, leaf: Leaf) -> LeafSignature:
+    """The :class:`LeafSignature` of a (non-sharded) leaf of ``local``."""
+    if isinstance(leaf, TensorLeaf):
+        if leaf.alias_of is not None:
+            return LeafSignature("alias", leaf.dtype, leaf.shape, alias_of=leaf.alias_of)
+        return LeafSignature("tensor", leaf.dtype, leaf.shape, leaf.serializer, local.payloads[leaf.payload].nbytes)
+    if isinstance(leaf, ObjectLeaf):
+        return LeafSignature("object", nbytes=local.payloads[leaf.payload].nbytes, obj_type=leaf.obj_type)
+    assert isinstance(leaf, PrimitiveEntry), "sharded leaves have no signature"
+    return LeafSignature("primitive", obj_type=leaf.value_type, value=repr(leaf.value))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedDescription:
+    """A sharded tensor as the ranks describe it: global dtype and shape, and boxes."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    boxes: tuple[Box, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankInfo:
+    """What a rank tells the others before anything is written (small: no tensor bytes).
+
+    Attributes:
+        path: where this rank was asked to take the snapshot (rank 0's wins).
+        patterns: the ``replicated=`` globs this rank passed (plus DDP's).
+        candidates: leaf path -> signature, for this rank's leaves matching its patterns.
+        shards: path -> description of every sharded leaf.
+        total_bytes: payload bytes of every non-sharded leaf (what it writes if nothing is shared).
+        take_id: a random id; rank 0's names the data objects of every rank.
+    """
+
+    path: str
+    patterns: tuple[str, ...]
+    candidates: Mapping[str, LeafSignature]
+    shards: Mapping[str, ShardedDescription]
+    total_bytes: int
+    take_id: str
+
+
+def rank_info(local: LocalState, path: str, patterns: Sequence[str], take_id: str) -> RankInfo:
+    """This rank's :class:`RankInfo` for the leaves of ``local``."""
+    candidates: dict[str, LeafSignature] = {}
+    shards: dict[str, ShardedDescription] = {}
+    sharded_payloads: set[int] = set()
+    for leaf_path, leaf in local.leaves.items():
+        if isinstance(leaf, ShardedLeaf):
+            shards[leaf_path] = ShardedDescription(leaf.dtype, leaf.shape, tuple(b.box for b in leaf.boxes))
+            sharded_payloads.update(b.payload for b in leaf.boxes)
+        elif patterns and matches_any(leaf_path, patterns):
+            candidates[leaf_path] = signature(local, leaf)
+    total = sum(p.nbytes for i, p in enumerate(local.payloads) if i not in sharded_payloads)
+    return RankInfo(path, tuple(patterns), candidates, shards, total, take_id)

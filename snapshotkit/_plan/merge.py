@@ -1,0 +1,84 @@
+"""From what each rank wrote to the snapshot's manifest (pure: no I/O, no process group).
+
+Each rank turns its :class:`~snapshotkit._plan.rank_plan.TakePlan` and the checksums of the
+pieces it wrote into a :class:`RankResult`; rank 0 merges every rank's result into the manifest,
+assembling replicated and sharded entries from the pieces all ranks wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from snapshotkit._format.checksum import format_checksum
+from snapshotkit._format.entries import Entry, ObjectEntry, Piece, Shard, ShardedTensorEntry, TensorEntry
+from snapshotkit._plan.decide import Decision, PieceKey
+from snapshotkit._plan.layout import PieceSlot
+from snapshotkit._plan.leaves import TensorLeaf
+from snapshotkit._plan.rank_plan import PendingObject, PendingReplicated, PendingSharded, PendingTensor, TakePlan
+
+
+@dataclasses.dataclass(frozen=True)
+class RankResult:
+    """What a rank wrote: its finished entries (rank 0's also hold the pending shared ones) and
+    the pieces of replicated and sharded leaves it wrote."""
+
+    entries: Mapping[str, Entry | PendingReplicated | PendingSharded]
+    shared: Mapping[PieceKey, Piece]
+
+
+def _piece(slot: PieceSlot, checksum: int) -> Piece:
+    return Piece(slot.location, (slot.offset, slot.offset + slot.nbytes), format_checksum(checksum))
+
+
+def finish_rank(plan: TakePlan, checksums: Mapping[PieceSlot, int]) -> RankResult:
+    """This rank's :class:`RankResult`, given the CRC-32C of every slot it wrote."""
+
+    def pieces(payload: int) -> tuple[Piece, ...]:
+        return tuple(_piece(slot, checksums[slot]) for slot in plan.slots.get(payload, ()))
+
+    entries: dict[str, Entry | PendingReplicated | PendingSharded] = {}
+    for key, entry in plan.entries.items():
+        if isinstance(entry, PendingTensor):
+            entries[key] = TensorEntry(entry.dtype, entry.shape, entry.serializer, pieces(entry.payload), False)
+        elif isinstance(entry, PendingObject):
+            (piece,) = pieces(entry.payload)  # serialized bytes are never empty: exactly one piece
+            entries[key] = ObjectEntry(entry.obj_type, piece, False)
+        else:
+            entries[key] = entry
+    shared = {key: _piece(slot, checksums[slot]) for key, slot in plan.shared_slots.items()}
+    return RankResult(entries, shared)
+
+
+def merge_results(results: Sequence[RankResult], decision: Decision, layouts: Mapping[str, str]) -> dict[str, Entry]:
+    """The snapshot's manifest: every rank's entries, shared leaves assembled from all ranks' pieces.
+
+    ``layouts`` maps each sharded tensor's path to its informative layout text.
+    """
+    shared: dict[PieceKey, Piece] = {}
+    for result in results:
+        shared.update(result.shared)
+
+    def collect(path: str, shard_offsets: tuple[int, ...] | None = None) -> tuple[Piece, ...]:
+        return tuple(shared[key] for key in decision.pieces(path, shard_offsets))
+
+    manifest: dict[str, Entry] = {}
+    for result in results:
+        for key, entry in result.entries.items():
+            if isinstance(entry, PendingReplicated):
+                template = entry.template
+                pieces = collect(entry.source)
+                if isinstance(template, TensorLeaf):
+                    manifest[key] = TensorEntry(template.dtype, template.shape, template.serializer, pieces, True)
+                else:
+                    (piece,) = pieces
+                    manifest[key] = ObjectEntry(template.obj_type, piece, True)
+            elif isinstance(entry, PendingSharded):
+                description = decision.sharded[entry.path]
+                shards = tuple(Shard(box[0], box[1], collect(entry.path, box[0])) for box in description.boxes)
+                manifest[key] = ShardedTensorEntry(
+                    description.dtype, description.shape, shards, layouts.get(entry.path, "")
+                )
+            else:
+                manifest[key] = entry
+    return manifest

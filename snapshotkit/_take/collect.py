@@ -1,0 +1,150 @@
+"""The first stage of a take: call ``state_dict()``, flatten and describe.
+
+Describing turns every leaf into a typed :mod:`~snapshotkit._plan.leaves` description and a
+payload (objects are serialized here), finds tied tensors (stored once), and refuses what
+cannot be stored, naming its logical path, before anything is written.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from snapshotkit._format.entries import ContainerEntry, PrimitiveEntry, escape_key, join_path
+from snapshotkit._format.serialization import RAW, dtype_name, serialize_object, tensor_serializer
+from snapshotkit._format.sharded import is_sharded, local_shards
+from snapshotkit._plan.flatten import flatten
+from snapshotkit._plan.leaves import Leaf, LocalState, ObjectLeaf, Payload, ShardBox, ShardedLeaf, TensorLeaf
+from snapshotkit.errors import UnsupportedValueError
+from snapshotkit.stateful import RNGState, Stateful
+
+_PRIMITIVE_TYPES = (int, float, str, bool, bytes)
+
+
+def collect_state(app_state: Mapping[str, Stateful]) -> dict[str, Any]:
+    """Call every ``state_dict()``, RNG first, and put the RNG back afterwards.
+
+    Other objects' ``state_dict()`` may draw random numbers; re-applying the state captured
+    first means the snapshot and the caller both continue from the same RNG state.
+    """
+    rng_keys = [k for k, v in app_state.items() if isinstance(v, RNGState)]
+    states: dict[str, Any] = {}
+    for key in rng_keys:
+        states[key] = app_state[key].state_dict()
+    for key in sorted(app_state):
+        if key not in states:
+            states[key] = app_state[key].state_dict()
+    for key in rng_keys:
+        app_state[key].load_state_dict(states[key])
+    return states
+
+
+def ddp_replicated_patterns(app_state: Mapping[str, Stateful]) -> list[str]:
+    """Logical paths of the state of ``DistributedDataParallel`` values, which DDP keeps identical
+    on every rank (parameters and buffers it was told to ignore excepted), as exact patterns."""
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:  # pragma: no cover - torch without distributed
+        return []
+    patterns: list[str] = []
+    for key, value in app_state.items():
+        if not isinstance(value, DistributedDataParallel):
+            continue
+        ignored = set(getattr(value, "parameters_to_ignore", ()))
+        for name in value.module.state_dict():
+            if name not in ignored:
+                patterns.append(glob.escape(join_path(escape_key(key), f"module.{name}")))
+    return patterns
+
+
+def describe_state(states: Mapping[str, Any]) -> LocalState:
+    """Flatten collected state into containers, leaves and payloads (objects serialized here)."""
+    containers: dict[str, ContainerEntry] = {}
+    leaves: dict[str, Leaf] = {}
+    payloads: list[Payload] = []
+    by_identity: dict[tuple[Any, ...], tuple[int, str]] = {}
+    for key in sorted(states):
+        flat_containers, flat_leaves = flatten(states[key], escape_key(key))
+        containers.update(flat_containers)
+        for path, leaf in flat_leaves.items():
+            if isinstance(leaf, torch.Tensor) and is_sharded(leaf):
+                leaves[path] = _describe_sharded(path, leaf, payloads)
+            elif isinstance(leaf, torch.Tensor):
+                leaves[path] = _describe_tensor(path, leaf, payloads, by_identity)
+            elif leaf is None or (type(leaf) in _PRIMITIVE_TYPES and _utf8_encodable(leaf)):
+                leaves[path] = PrimitiveEntry.of(leaf, False)
+            else:
+                payloads.append(Payload.of_bytes(_serialize(path, leaf)))
+                leaves[path] = ObjectLeaf(len(payloads) - 1, f"{type(leaf).__module__}.{type(leaf).__qualname__}")
+    return LocalState(containers, leaves, payloads)
+
+
+def _tensor_identity(tensor: torch.Tensor) -> tuple[Any, ...] | None:
+    """A key equal for two tensors exactly when they view the same elements (tied weights)."""
+    if tensor.numel() == 0:
+        return None
+    return (
+        tensor.untyped_storage().data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+        tensor.device,
+    )
+
+
+def _describe_sharded(path: str, value: torch.Tensor, payloads: list[Payload]) -> ShardedLeaf:
+    shards = local_shards(value, path)
+    boxes = []
+    for box, local in shards.boxes:
+        if local.is_meta:
+            raise UnsupportedValueError(f"the sharded tensor at {path!r} has a meta local shard; materialize it")
+        payloads.append(Payload.of_tensor(local.detach()))
+        boxes.append(ShardBox(box, len(payloads) - 1))
+    return ShardedLeaf(dtype_name(shards.dtype), shards.shape, shards.layout, tuple(boxes))
+
+
+def _describe_tensor(
+    path: str, tensor: torch.Tensor, payloads: list[Payload], by_identity: dict[tuple[Any, ...], tuple[int, str]]
+) -> TensorLeaf:
+    if tensor.is_meta:
+        raise UnsupportedValueError(
+            f"the tensor at logical path {path!r} is on the meta device and has no data; materialize it first"
+        )
+    serializer = tensor_serializer(tensor)
+    dtype, shape = dtype_name(tensor.dtype), tuple(tensor.shape)
+    if serializer != RAW:
+        payloads.append(Payload.of_bytes(_serialize(path, tensor)))
+        return TensorLeaf(len(payloads) - 1, dtype, shape, serializer)
+    identity = _tensor_identity(tensor)
+    known = by_identity.get(identity) if identity is not None else None
+    if known is not None:
+        return TensorLeaf(known[0], dtype, shape, serializer, alias_of=known[1])
+    payloads.append(Payload.of_tensor(tensor))
+    if identity is not None:
+        by_identity[identity] = (len(payloads) - 1, path)
+    return TensorLeaf(len(payloads) - 1, dtype, shape, serializer)
+
+
+def _utf8_encodable(value: Any) -> bool:
+    """Strings with lone surrogates cannot go inline into the UTF-8 manifest; they are pickled."""
+    if type(value) is not str or value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _serialize(path: str, value: Any) -> bytes:
+    try:
+        return serialize_object(value)
+    except Exception as exc:  # pickling raises many types (TypeError, PicklingError, AttributeError)
+        raise UnsupportedValueError(
+            f"cannot store the {type(value).__name__} at logical path {path!r}: torch.save failed with "
+            f"{type(exc).__name__}: {exc}. Make it picklable, or return tensors/primitives from state_dict()"
+        ) from exc

@@ -1,0 +1,118 @@
+"""Phase one of every take: collect and describe the state, exchange descriptions, plan.
+
+Shared by ``take`` and ``async_take``; nothing is written yet (objects are serialized here).
+Every rank ends with the same :class:`~snapshotkit._plan.decide.Decision` and its own
+:class:`~snapshotkit._plan.rank_plan.TakePlan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import warnings
+from collections.abc import Callable, Sequence
+
+from snapshotkit._app_state import validate_app_state
+from snapshotkit._config import Config
+from snapshotkit._dist import Group
+from snapshotkit._format.entries import METADATA_FILENAME
+from snapshotkit._plan.decide import Decision, decide
+from snapshotkit._plan.leaves import LocalState, RankInfo, rank_info
+from snapshotkit._plan.rank_plan import TakePlan, plan_rank
+from snapshotkit._runtime.gc import gc_paused
+from snapshotkit._runtime.loop import run_sync
+from snapshotkit._take.collect import collect_state, ddp_replicated_patterns, describe_state
+from snapshotkit.errors import SnapshotExistsError
+from snapshotkit.storage import StoragePlugin
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedTake:
+    """A take after the first exchange: identical decisions on every rank, this rank's plan.
+
+    Attributes:
+        path: rank 0's path, which every rank writes to.
+        take_id: names this take's data objects (rank 0's random id).
+        local: this rank's described state (its payloads reference the caller's tensors).
+        decision: the shared decision.
+        plan: this rank's plan.
+    """
+
+    path: str
+    take_id: str
+    local: LocalState
+    decision: Decision
+    plan: TakePlan
+
+
+def prepare_take(
+    path: str,
+    app_state: object,
+    *,
+    group: Group,
+    config: Config,
+    replicated: Sequence[str],
+    open_plugin: Callable[[str], StoragePlugin],
+) -> PreparedTake:
+    """Collect, describe, exchange and plan (see the module docstring).
+
+    A failure on any rank (an invalid app_state, a ``state_dict()`` that raises, an existing
+    snapshot at the path) makes every rank raise here, before anything is written.
+    """
+    local: LocalState | None = None
+    info: RankInfo | None = None
+    error: BaseException | None = None
+    try:
+        states_of = validate_app_state(app_state)
+        if group.rank == 0:
+            run_sync(_refuse_existing(open_plugin(path), path))
+        states = collect_state(states_of)
+        patterns = list(dict.fromkeys([*replicated, *ddp_replicated_patterns(states_of)]))
+        with gc_paused():
+            local = describe_state(states)
+            info = rank_info(local, path, patterns, secrets.token_hex(4))
+    except Exception as exc:
+        error = exc
+    infos: list[RankInfo] = group.exchange(info, error, "take: describing each rank's state")
+    assert local is not None
+    take_id = infos[0].take_id
+    with gc_paused():
+        decision = decide(infos, chunk_bytes=config.chunk_bytes)
+        plan = plan_rank(
+            local,
+            decision,
+            rank=group.rank,
+            take_id=take_id,
+            chunk_bytes=config.chunk_bytes,
+            data_object_bytes=config.data_object_bytes,
+        )
+    if group.rank == 0:
+        _warn_about_differences(infos, decision)
+    return PreparedTake(infos[0].path, take_id, local, decision, plan)
+
+
+async def _refuse_existing(plugin: StoragePlugin, path: str) -> None:
+    try:
+        if await plugin.exists(METADATA_FILENAME):
+            raise SnapshotExistsError(
+                f"a snapshot already exists at {path!r}; snapshotkit never overwrites one. "
+                "Take to a new path (e.g. one per step), or delete the old snapshot first"
+            )
+    finally:
+        await plugin.close()
+
+
+def _warn_about_differences(infos: Sequence[RankInfo], decision: Decision) -> None:
+    paths = {info.path for info in infos}
+    if len(paths) > 1:
+        warnings.warn(
+            f"the ranks passed {len(paths)} different paths to Snapshot.take; rank 0's {infos[0].path!r} is used",
+            stacklevel=6,  # the user code that called Snapshot.take or Snapshot.async_take
+        )
+    if decision.differing:
+        shown = ", ".join(f"{p!r} (ranks {list(r[:4])})" for p, r in sorted(decision.differing.items())[:5])
+        warnings.warn(
+            f"{len(decision.differing)} path(s) match replicated= patterns but differ between ranks, e.g. {shown}; "
+            "they are stored per rank instead",
+            stacklevel=6,  # the user code that called Snapshot.take or Snapshot.async_take
+        )

@@ -1,0 +1,202 @@
+"""The writer of ``async_take(executor="process")``: a checkpoint daemon fed through shared memory.
+
+Staged objects are copied into pooled shared-memory segments (reused between snapshots); only
+small control messages cross the socket to the daemon (:mod:`snapshotkit._take.daemon`), which
+checksums and writes them with the same storage plugins, so checksumming and storage calls
+never hold the trainer's GIL. The daemon is started on first use, reused, and replaced when it
+died (its pending writes fail with :class:`~snapshotkit.errors.CheckpointDaemonError`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import multiprocessing.connection
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from multiprocessing import shared_memory
+from typing import Any
+
+from snapshotkit._plan.layout import DataObjectPlan
+from snapshotkit._plan.leaves import Payload
+from snapshotkit._take.stage import StagedObject, stage_into
+from snapshotkit._take.writers import PooledBuffers, Target, WriteJob, bucket_bytes
+from snapshotkit.errors import CheckpointDaemonError, StorageError
+
+# Lowers the daemon's priority before anything is imported: threads that imports start (torch's)
+# inherit the niceness of the thread that creates them.
+_DAEMON_BOOTSTRAP = """\
+import os, sys
+if int(sys.argv[2]) > 0:
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, max(int(sys.argv[2]), os.getpriority(os.PRIO_PROCESS, 0)))
+    except OSError:
+        pass
+from snapshotkit._take.daemon import main
+main()
+"""
+
+
+class _DaemonJob:
+    """A write the daemon was asked to do; it cannot be called back once sent."""
+
+    def __init__(self) -> None:
+        self.future: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
+
+    def cancel(self) -> None:
+        return None
+
+
+class ProcessWriter:
+    """Sends staged objects to the checkpoint daemon through pooled shared-memory segments."""
+
+    name = "process"
+    defers_writes = True
+
+    def __init__(self, niceness: int) -> None:
+        from snapshotkit.storage._registry import _registered
+
+        registrations = {}
+        for scheme, factory in _registered.items():
+            try:
+                pickle.dumps(factory)
+            except Exception:  # noqa: S112 - lambdas and closures cannot reach the daemon
+                continue
+            registrations[scheme] = factory
+        # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's
+        # __main__ and fails in scripts without a main guard), connected by a socket pair.
+        parent, child = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _DAEMON_BOOTSTRAP, str(child.fileno()), str(niceness)],
+            pass_fds=(child.fileno(),),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        child.close()
+        self._connection = multiprocessing.connection.Connection(parent.detach())
+        self._connection.send(registrations)
+        self._jobs: dict[int, _DaemonJob] = {}
+        self._next_job = 0
+        self._lock = threading.Lock()
+        self._segments = PooledBuffers()
+        self.dead: str | None = None
+        self._reader = threading.Thread(target=self._read_replies, name="snapshotkit-daemon-replies", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    @property
+    def alive(self) -> bool:
+        return self.dead is None and self.process.poll() is None
+
+    def _read_replies(self) -> None:
+        while True:
+            try:
+                message = self._connection.recv()
+            except (EOFError, OSError):
+                self._fail_all(f"the checkpoint daemon (pid {self.process.pid}) exited")
+                return
+            with self._lock:
+                job = self._jobs.pop(message[1], None)
+            if job is None:
+                continue
+            if message[0] == "done":
+                job.future.set_result(message[2])
+            else:
+                job.future.set_exception(message[2] if message[2] is not None else StorageError(message[3]))
+
+    def _fail_all(self, reason: str) -> None:
+        try:
+            code: int | None = self.process.wait(1)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.dead = f"{reason} (exit code {code})"
+        with self._lock:
+            jobs, self._jobs = self._jobs, {}
+        for job in jobs.values():
+            job.future.set_exception(
+                CheckpointDaemonError(
+                    f"{self.dead} before writing every data object; the snapshot was not committed. "
+                    "The next async_take starts a new daemon"
+                )
+            )
+
+    def staging_cost(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> int:
+        return plan.nbytes
+
+    def stage(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> StagedObject:
+        size = bucket_bytes(plan.nbytes)
+        segment = self._segments.get(size)
+        if segment is None:
+            segment = shared_memory.SharedMemory(create=True, size=size)
+            self._segments.add(segment)
+        assert segment.buf is not None
+        try:
+            return stage_into(plan, payloads, segment.buf[: plan.nbytes], segment)
+        except BaseException:
+            self._segments.put(size, segment)
+            raise
+
+    def give_back(self, staged: StagedObject) -> None:
+        for view in (*staged.pieces, *staged.buffers):
+            view.release()  # no exported views may outlive the segment's close at exit
+        self._segments.put(staged.handle.size, staged.handle)
+
+    def io_slots(self, count: int) -> Any:
+        return count  # the daemon holds one semaphore per count
+
+    def submit(self, target: Target, staged: StagedObject, io_slots: Any) -> WriteJob:
+        job = _DaemonJob()
+        with self._lock:
+            number = self._next_job
+            self._next_job += 1
+            self._jobs[number] = job
+        slots = [(slot.offset, slot.nbytes) for slot in staged.plan.slots]
+        message = (
+            "write",
+            number,
+            target.path,
+            dict(target.storage_options),
+            staged.plan.location,
+            staged.handle.name,
+            staged.plan.nbytes,
+            slots,
+            io_slots,
+        )
+        try:
+            if self.dead is not None:
+                raise CheckpointDaemonError(self.dead)
+            self._connection.send(message)
+        except (OSError, ValueError, CheckpointDaemonError) as exc:
+            with self._lock:
+                self._jobs.pop(number, None)
+            job.future.set_exception(
+                CheckpointDaemonError(f"could not reach the checkpoint daemon ({exc}); the snapshot was not committed")
+            )
+        return job
+
+    def release(self, target: Target) -> None:
+        return None  # the daemon keeps its plugins for the next snapshot
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._connection.send(("stop",))
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+        for segment in self._segments.allocated:
+            try:
+                segment.close()
+                segment.unlink()
+            except (FileNotFoundError, BufferError):
+                pass
