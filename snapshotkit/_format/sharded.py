@@ -15,7 +15,13 @@ import torch
 
 from snapshotkit.errors import UnsupportedValueError
 
-Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes)
+
+@dataclasses.dataclass(frozen=True)
+class Box:
+    """The elements ``[offsets[d], offsets[d] + sizes[d])`` along every dim ``d`` of a global tensor."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
 
 
 @dataclasses.dataclass
@@ -73,11 +79,11 @@ def local_shards(value: torch.Tensor, logical_path: str) -> LocalShards:
                 f"placements give {list(local_shape)}; snapshotkit stores only evenly described shards"
             )
         layout = f"DTensor mesh={list(value.device_mesh.shape)} placements={[str(p) for p in value.placements]}"
-        return LocalShards(value.dtype, shape, [((tuple(offsets), tuple(local_shape)), local)], layout)
+        return LocalShards(value.dtype, shape, [(Box(tuple(offsets), tuple(local_shape)), local)], layout)
     shards = []
     for shard in value.local_shards():  # type: ignore[attr-defined]
         metadata = shard.metadata
-        box = (tuple(metadata.shard_offsets), tuple(metadata.shard_sizes))
+        box = Box(tuple(metadata.shard_offsets), tuple(metadata.shard_sizes))
         shards.append((box, shard.tensor))
     return LocalShards(value.dtype, tuple(value.size()), shards, "ShardedTensor")
 
@@ -96,26 +102,26 @@ def destination_boxes(value: object) -> list[tuple[Box, torch.Tensor]] | None:
 def overlap(a: Box, b: Box) -> Box | None:
     """The intersection of two boxes, or None if they do not overlap (or it is empty)."""
     offsets, sizes = [], []
-    for ao, an, bo, bn in zip(a[0], a[1], b[0], b[1], strict=True):
+    for ao, an, bo, bn in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True):
         low, high = max(ao, bo), min(ao + an, bo + bn)
         if high <= low:
             return None
         offsets.append(low)
         sizes.append(high - low)
-    return tuple(offsets), tuple(sizes)
+    return Box(tuple(offsets), tuple(sizes))
 
 
 def piece_boxes(shard_box: Box, piece_sizes: Sequence[int], itemsize: int) -> list[Box]:
     """The box of each stored piece of a shard (pieces are whole dim-0 row blocks, in order)."""
-    offsets, sizes = shard_box
+    offsets, sizes = shard_box.offsets, shard_box.sizes
     if not sizes:  # a 0-d tensor: one piece, the whole (empty) box
-        return [(offsets, sizes)] * len(piece_sizes)
+        return [shard_box] * len(piece_sizes)
     row_bytes = itemsize * math.prod(sizes[1:])
     boxes: list[Box] = []
     row = 0
     for nbytes in piece_sizes:
         rows = nbytes // row_bytes if row_bytes else 0
-        boxes.append(((offsets[0] + row, *offsets[1:]), (rows, *sizes[1:])))
+        boxes.append(Box((offsets[0] + row, *offsets[1:]), (rows, *sizes[1:])))
         row += rows
     return boxes
 
@@ -123,6 +129,6 @@ def piece_boxes(shard_box: Box, piece_sizes: Sequence[int], itemsize: int) -> li
 def box_slice(tensor: torch.Tensor, origin: Sequence[int], box: Box) -> torch.Tensor:
     """The view of ``tensor`` (whose element 0 sits at global ``origin``) covering ``box``."""
     view = tensor
-    for dim, (offset, size) in enumerate(zip(box[0], box[1], strict=True)):
+    for dim, (offset, size) in enumerate(zip(box.offsets, box.sizes, strict=True)):
         view = view.narrow(dim, offset - origin[dim], size)
     return view

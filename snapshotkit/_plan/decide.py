@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from snapshotkit._format.serialization import RAW, dtype_from_name
 from snapshotkit._format.sharded import Box
-from snapshotkit._plan.layout import row_pieces, split_payload
+from snapshotkit._plan.layout import Span, row_pieces, split_payload
 from snapshotkit._plan.leaves import RankInfo, ShardedDescription
 from snapshotkit._plan.partition import WriteItem, assign_writers, common_patterns, replicated_paths
 from snapshotkit.errors import UnsupportedValueError
@@ -32,21 +32,14 @@ class PieceKey:
 
 
 @dataclasses.dataclass(frozen=True)
-class Span:
-    """Bytes ``[start, end)`` of a payload."""
-
-    start: int
-    end: int
-
-
-@dataclasses.dataclass(frozen=True)
 class Decision:
     """Who writes what, identical on every rank.
 
     Attributes:
         replicated: logical paths stored once for all ranks.
         owner: the rank that writes each replicated or sharded piece.
-        spans: where each such piece lies within its payload.
+        spans: where each such piece lies within its payload; the pieces of a leaf or box
+            (indices 0, 1, ...) cover its payload in order. Exactly the keys of ``owner``.
         sharded: path -> the global tensor and its distinct boxes, in first-seen order.
         differing: paths that match a replicated pattern but differ between ranks -> the
             ranks that disagree with rank 0 (stored per rank instead).
@@ -74,10 +67,10 @@ def decide(infos: Sequence[RankInfo], *, chunk_bytes: int) -> Decision:
             shape, or do not cover it exactly once.
     """
     patterns = common_patterns([info.patterns for info in infos])
-    chosen, differing = replicated_paths([info.candidates for info in infos], patterns)
+    offered = replicated_paths([info.candidates for info in infos], patterns)
     first = infos[0].candidates
     # A tied alias is replicated only together with the tensor it shares memory with.
-    replicated = frozenset(p for p in chosen if first[p].kind != "alias" or first[p].alias_of in chosen)
+    replicated = frozenset(p for p in offered.chosen if first[p].kind != "alias" or first[p].alias_of in offered.chosen)
     items: list[WriteItem[PieceKey]] = []
     spans: dict[PieceKey, Span] = {}
     loads = [info.total_bytes for info in infos]
@@ -90,49 +83,68 @@ def decide(infos: Sequence[RankInfo], *, chunk_bytes: int) -> Decision:
         if leaf.kind == "tensor" and leaf.serializer == RAW:
             ranges = split_payload(leaf.nbytes, dtype_from_name(leaf.dtype).itemsize, chunk_bytes)
         else:
-            ranges = [(0, leaf.nbytes)]  # serialized bytes are never split
-        for index, (start, end) in enumerate(ranges):
+            ranges = [Span(0, leaf.nbytes)]  # serialized bytes are never split
+        for index, span in enumerate(ranges):
             key = PieceKey(path, index)
-            spans[key] = Span(start, end)
-            items.append(WriteItem(key, end - start))
-    sharded, holders = _distinct_boxes(infos)
-    for path, description in sharded.items():
+            spans[key] = span
+            items.append(WriteItem(key, span.nbytes))
+    boxes = distinct_boxes(infos)
+    for path, description in boxes.sharded.items():
         itemsize = dtype_from_name(description.dtype).itemsize
         for box in description.boxes:
-            for index, (start, end) in enumerate(row_pieces(box[1], itemsize, chunk_bytes)):
-                key = PieceKey(path, index, box[0])
-                spans[key] = Span(start, end)
-                items.append(WriteItem(key, end - start, holders[(path, box)]))
+            for index, span in enumerate(row_pieces(box.sizes, itemsize, chunk_bytes)):
+                key = PieceKey(path, index, box.offsets)
+                spans[key] = span
+                items.append(WriteItem(key, span.nbytes, boxes.holders[path][box]))
     owner = assign_writers(items, [max(0, load) for load in loads])
-    return Decision(replicated, owner, spans, sharded, {p: tuple(r) for p, r in differing.items()})
+    return Decision(replicated, owner, spans, boxes.sharded, offered.differing)
 
 
-def _distinct_boxes(
-    infos: Sequence[RankInfo],
-) -> tuple[dict[str, ShardedDescription], dict[tuple[str, Box], tuple[int, ...]]]:
-    """Each sharded tensor with its distinct boxes, and the ranks holding each box."""
-    found: dict[str, tuple[str, tuple[int, ...], list[Box]]] = {}
-    holders: dict[tuple[str, Box], list[int]] = {}
+@dataclasses.dataclass(frozen=True)
+class DistinctBoxes:
+    """The sharded tensors of all ranks, each box counted once.
+
+    Attributes:
+        sharded: path -> the global tensor and its distinct boxes, in first-seen order (by rank,
+            then by each rank's order).
+        holders: path -> box -> the ranks holding that box, in rank order.
+    """
+
+    sharded: Mapping[str, ShardedDescription]
+    holders: Mapping[str, Mapping[Box, tuple[int, ...]]]
+
+
+def distinct_boxes(infos: Sequence[RankInfo]) -> DistinctBoxes:
+    """Each sharded tensor with its distinct boxes, and the ranks holding each box.
+
+    Raises:
+        UnsupportedValueError: the ranks' shards of a tensor disagree on its global dtype or
+            shape, or their distinct boxes do not cover it exactly once (by element count).
+    """
+    found: dict[str, ShardedDescription] = {}
+    holders: dict[str, dict[Box, list[int]]] = {}
     for rank, info in enumerate(infos):
         for path, description in info.shards.items():
-            dtype, shape, boxes = found.setdefault(path, (description.dtype, description.shape, []))
-            if (dtype, shape) != (description.dtype, description.shape):
+            seen = found.setdefault(path, ShardedDescription(description.dtype, description.shape, ()))
+            if (seen.dtype, seen.shape) != (description.dtype, description.shape):
                 raise UnsupportedValueError(
-                    f"the sharded tensor at {path!r} is {dtype} {list(shape)} on one rank and {description.dtype} "
-                    f"{list(description.shape)} on rank {rank}; every rank must hold shards of the same global tensor"
+                    f"the sharded tensor at {path!r} is {seen.dtype} {list(seen.shape)} on one rank and "
+                    f"{description.dtype} {list(description.shape)} on rank {rank}; every rank must hold "
+                    "shards of the same global tensor"
                 )
+            by_box = holders.setdefault(path, {})
             for box in description.boxes:
-                ranks = holders.setdefault((path, box), [])
-                if not ranks:
-                    boxes.append(box)
-                ranks.append(rank)
+                by_box.setdefault(box, []).append(rank)
     sharded = {}
-    for path, (dtype, shape, boxes) in found.items():
-        covered = sum(math.prod(sizes) for _, sizes in boxes)
-        if covered != math.prod(shape):
+    for path, seen in found.items():
+        boxes = tuple(holders[path])  # dicts keep first-seen order
+        covered = sum(math.prod(box.sizes) for box in boxes)
+        if covered != math.prod(seen.shape):
             raise UnsupportedValueError(
-                f"the shards of {path!r} held by the ranks cover {covered} of its {math.prod(shape)} elements "
+                f"the shards of {path!r} held by the ranks cover {covered} of its {math.prod(seen.shape)} elements "
                 "(overlapping or missing shards); every shard must be held by a rank of the process group"
             )
-        sharded[path] = ShardedDescription(dtype, shape, tuple(boxes))
-    return sharded, {key: tuple(ranks) for key, ranks in holders.items()}
+        sharded[path] = ShardedDescription(seen.dtype, seen.shape, boxes)
+    return DistinctBoxes(
+        sharded, {path: {box: tuple(r) for box, r in by_box.items()} for path, by_box in holders.items()}
+    )

@@ -8,6 +8,7 @@ written ``%25`` and ``/`` is written ``%2F`` so paths split unambiguously.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +23,20 @@ from snapshotkit._format.entries import (
     unescape_key,
 )
 
-__all__ = ["escape_key", "flatten", "inflate", "join_path", "unescape_key"]
+__all__ = ["Flattened", "escape_key", "flatten", "inflate", "join_path", "unescape_key"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Flattened:
+    """An object split by :func:`flatten`, both parts keyed by logical path in DFS order.
+
+    Attributes:
+        containers: the entry of every descended container (the object itself, if it is one).
+        leaves: every value that is not descended.
+    """
+
+    containers: dict[str, ContainerEntry]
+    leaves: dict[str, Any]
 
 
 def _is_flattenable_dict(obj: Mapping[Any, Any]) -> bool:
@@ -37,8 +51,11 @@ def _is_flattenable_dict(obj: Mapping[Any, Any]) -> bool:
     return True
 
 
-def flatten(obj: Any, prefix: str) -> tuple[dict[str, ContainerEntry], dict[str, Any]]:
-    """Split ``obj`` into container entries and leaves, both keyed by logical path, in DFS order."""
+def flatten(obj: Any, prefix: str) -> Flattened:
+    """Split ``obj`` into container entries and leaves, both keyed by logical path, in DFS order.
+
+    ``obj`` itself has path ``prefix``; :func:`inflate` rebuilds it.
+    """
     containers: dict[str, ContainerEntry] = {}
     leaves: dict[str, Any] = {}
     stack: list[tuple[str, Any]] = [(prefix, obj)]
@@ -59,7 +76,7 @@ def flatten(obj: Any, prefix: str) -> tuple[dict[str, ContainerEntry], dict[str,
             leaves[path] = value
             continue
         stack.extend(reversed(children))
-    return containers, leaves
+    return Flattened(containers, leaves)
 
 
 def inflate(prefix: str, containers: Mapping[str, ContainerEntry], leaves: Mapping[str, Any]) -> Any:

@@ -6,7 +6,6 @@ every rank, and every rule is unit-testable.
 Write layout: each *payload* (the bytes of one tensor or serialized object) is cut into pieces
 of at most ``chunk_bytes`` (on element boundaries), and pieces are packed in order into data
 objects of about ``data_object_bytes``, each piece starting at a multiple of ``alignment``.
-
 """
 
 from __future__ import annotations
@@ -17,6 +16,35 @@ from collections.abc import Sequence
 
 #: Every piece starts at a multiple of this many bytes within its data object.
 ALIGNMENT_BYTES = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """Bytes ``[start, end)`` of a payload (``0 <= start <= end``)."""
+
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+@dataclasses.dataclass(frozen=True)
+class PayloadSpan:
+    """Bytes ``[start, end)`` of payload ``payload``: a piece waiting for a place in a data object."""
+
+    payload: int
+    start: int
+    end: int
+
+    @classmethod
+    def of(cls, payload: int, span: Span) -> PayloadSpan:
+        return cls(payload, span.start, span.end)
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +71,19 @@ class DataObjectPlan:
     nbytes: int
 
 
+@dataclasses.dataclass(frozen=True)
+class PackedLayout:
+    """What :func:`pack_pieces` decided.
+
+    Attributes:
+        data_objects: the data objects, in write order.
+        slots: one slot per piece, in the order the pieces were given.
+    """
+
+    data_objects: tuple[DataObjectPlan, ...]
+    slots: tuple[PieceSlot, ...]
+
+
 def data_object_location(rank: int, index: int, take_id: str) -> str:
     """Location of a rank's ``index``-th data object in the take ``take_id``.
 
@@ -56,17 +97,26 @@ def _align_up(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
 
-def split_payload(nbytes: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
-    """Byte ranges of at most ``chunk_bytes`` (at least one element) covering ``[0, nbytes)``."""
+def split_payload(nbytes: int, itemsize: int, chunk_bytes: int) -> list[Span]:
+    """Spans of at most ``chunk_bytes`` (at least one element) covering ``[0, nbytes)``, in order.
+
+    Every span but the last holds a whole number of elements, so each piece starts on an
+    element boundary; an empty payload has no spans.
+    """
     if nbytes <= chunk_bytes:
-        return [(0, nbytes)] if nbytes else []
+        return [Span(0, nbytes)] if nbytes else []
     step = max(itemsize, chunk_bytes - chunk_bytes % itemsize)
-    return [(start, min(start + step, nbytes)) for start in range(0, nbytes, step)]
+    return [Span(start, min(start + step, nbytes)) for start in range(0, nbytes, step)]
 
 
-def row_pieces(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
-    """Byte ranges of whole dim-0 rows, at most ``chunk_bytes`` each (at least one row), covering a
-    contiguous tensor of ``shape``: each piece of a sharded tensor is then a box of it."""
+def row_pieces(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> list[Span]:
+    """Spans of whole dim-0 rows covering a contiguous tensor of ``shape``, in order: each piece of
+    a sharded tensor is then a box of it.
+
+    A span holds as many rows as fit in ``chunk_bytes``, and at least one (a row larger than
+    ``chunk_bytes`` is a span of its own). A 0-d tensor is one span of one element; a tensor
+    without elements has no spans.
+    """
     if not shape:
         return split_payload(itemsize, itemsize, chunk_bytes)
     row_bytes = itemsize * math.prod(shape[1:])
@@ -75,20 +125,24 @@ def row_pieces(shape: Sequence[int], itemsize: int, chunk_bytes: int) -> list[tu
         return []
     rows = max(1, chunk_bytes // row_bytes)
     step = rows * row_bytes
-    return [(start, min(start + step, nbytes)) for start in range(0, nbytes, step)]
+    return [Span(start, min(start + step, nbytes)) for start in range(0, nbytes, step)]
 
 
 def pack_pieces(
-    pieces: Sequence[tuple[int, int, int]],
+    pieces: Sequence[PayloadSpan],
     *,
     rank: int,
     take_id: str,
     data_object_bytes: int,
     alignment: int = ALIGNMENT_BYTES,
-) -> tuple[list[DataObjectPlan], list[PieceSlot]]:
-    """Pack ``(payload, start, end)`` pieces, in order, into data objects of about ``data_object_bytes``.
+) -> PackedLayout:
+    """Pack pieces, in the order given, into data objects of about ``data_object_bytes``.
 
-    Returns the data objects in write order and one slot per piece, in the order given.
+    Each slot starts at the first multiple of ``alignment`` after the previous slot of its data
+    object. A piece that would end past ``data_object_bytes`` starts a new data object, unless
+    the current one is empty: a data object exceeds ``data_object_bytes`` only when it holds a
+    single piece. Data objects are named :func:`data_object_location` ``(rank, 0, take_id)``,
+    ``(rank, 1, take_id)``, ... in write order; each holds at least one piece.
     """
     objects: list[DataObjectPlan] = []
     slots: list[PieceSlot] = []
@@ -104,14 +158,14 @@ def pack_pieces(
             current = []
             offset = 0
 
-    for payload, start, end in pieces:
+    for piece in pieces:
         slot_offset = _align_up(offset, alignment)
-        if current and slot_offset + (end - start) > data_object_bytes:
+        if current and slot_offset + piece.nbytes > data_object_bytes:
             close_object()
             slot_offset = 0
-        slot = PieceSlot(payload, start, end, location, slot_offset)
+        slot = PieceSlot(piece.payload, piece.start, piece.end, location, slot_offset)
         current.append(slot)
         slots.append(slot)
-        offset = slot_offset + (end - start)
+        offset = slot_offset + piece.nbytes
     close_object()
-    return objects, slots
+    return PackedLayout(tuple(objects), tuple(slots))

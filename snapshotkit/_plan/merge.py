@@ -75,7 +75,9 @@ def merge_results(results: Sequence[RankResult], decision: Decision, layouts: Ma
                     manifest[key] = ObjectEntry(template.obj_type, piece, True)
             elif isinstance(entry, PendingSharded):
                 description = decision.sharded[entry.path]
-                shards = tuple(Shard(box[0], box[1], collect(entry.path, box[0])) for box in description.boxes)
+                shards = tuple(
+                    Shard(box.offsets, box.sizes, collect(entry.path, box.offsets)) for box in description.boxes
+                )
                 manifest[key] = ShardedTensorEntry(
                     description.dtype, description.shape, shards, layouts.get(entry.path, "")
                 )

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from snapshotkit._format.entries import Entry, PrimitiveEntry
 from snapshotkit._plan.decide import Decision, PieceKey
-from snapshotkit._plan.layout import DataObjectPlan, PieceSlot, pack_pieces, split_payload
+from snapshotkit._plan.layout import DataObjectPlan, PayloadSpan, PieceSlot, pack_pieces, split_payload
 from snapshotkit._plan.leaves import LocalState, ObjectLeaf, ShardedLeaf, TensorLeaf
 
 
@@ -95,22 +95,21 @@ def plan_rank(
     there); each rank writes the pieces of them the decision gave it.
     """
     entries: dict[str, PendingEntry] = {f"{rank}/{path}": c for path, c in local.containers.items()}
-    shared: list[tuple[int, int, int]] = []
+    shared: list[PayloadSpan] = []
     shared_keys: list[PieceKey] = []
     local_payloads: set[int] = set()
 
     def take_mine(keys: list[PieceKey], payload: int) -> None:
         for key in keys:
             if decision.owner[key] == rank:
-                span = decision.spans[key]
-                shared.append((payload, span.start, span.end))
+                shared.append(PayloadSpan.of(payload, decision.spans[key]))
                 shared_keys.append(key)
 
     for path, leaf in local.leaves.items():
         key = f"{rank}/{path}"
         if isinstance(leaf, ShardedLeaf):
             for shard in leaf.boxes:
-                take_mine(decision.pieces(path, shard.box[0]), shard.payload)
+                take_mine(decision.pieces(path, shard.box.offsets), shard.payload)
             if rank == 0:
                 entries[key] = PendingSharded(path)
         elif path in decision.replicated:
@@ -134,15 +133,14 @@ def plan_rank(
             entries[key] = PendingObject(leaf.payload, leaf.obj_type)
             local_payloads.add(leaf.payload)
     local_pieces = [
-        (index, start, end)
+        PayloadSpan.of(index, span)
         for index in sorted(local_payloads)
-        for start, end in split_payload(local.payloads[index].nbytes, local.payloads[index].itemsize, chunk_bytes)
+        for span in split_payload(local.payloads[index].nbytes, local.payloads[index].itemsize, chunk_bytes)
     ]
-    data_objects, slots = pack_pieces(
-        local_pieces + shared, rank=rank, take_id=take_id, data_object_bytes=data_object_bytes
-    )
+    # Rank-local pieces first, then the shared ones: slot i is piece i.
+    packed = pack_pieces(local_pieces + shared, rank=rank, take_id=take_id, data_object_bytes=data_object_bytes)
     per_payload: dict[int, list[PieceSlot]] = {index: [] for index in local_payloads}
-    for slot in slots[: len(local_pieces)]:
+    for slot in packed.slots[: len(local_pieces)]:
         per_payload[slot.payload].append(slot)
-    shared_slots = dict(zip(shared_keys, slots[len(local_pieces) :], strict=True))
-    return TakePlan(rank, entries, tuple(data_objects), {i: tuple(s) for i, s in per_payload.items()}, shared_slots)
+    shared_slots = dict(zip(shared_keys, packed.slots[len(local_pieces) :], strict=True))
+    return TakePlan(rank, entries, packed.data_objects, {i: tuple(s) for i, s in per_payload.items()}, shared_slots)

@@ -141,7 +141,7 @@ class LeafLoader:
         """
         dtype = dtype_from_name(entry.dtype)
         itemsize = dtype.itemsize
-        whole: Box = ((0,) * len(entry.shape), entry.shape)
+        whole = Box((0,) * len(entry.shape), entry.shape)
         boxes = destination_boxes(destination)
         if boxes is not None:
             if tuple(destination.shape) != entry.shape or destination.dtype != dtype:
@@ -163,7 +163,7 @@ class LeafLoader:
             fresh = torch.empty(entry.shape, dtype=dtype)
             targets, result = [(whole, fresh)], fresh
         for shard in entry.shards:
-            shard_box: Box = (shard.offsets, shard.sizes)
+            shard_box = Box(shard.offsets, shard.sizes)
             if not any(overlap(shard_box, target_box) for target_box, _ in targets):
                 continue
             sizes = [piece.nbytes for piece in shard.pieces]
@@ -175,9 +175,11 @@ class LeafLoader:
                 def consume(
                     within: int, data: memoryview, piece_box: Box = piece_box, wanted: list[Any] = wanted
                 ) -> None:
-                    source = tensor_from_bytes(data, dtype, piece_box[1])
+                    source = tensor_from_bytes(data, dtype, piece_box.sizes)
                     for common, target_box, tensor in wanted:
-                        box_slice(tensor, target_box[0], common).copy_(box_slice(source, piece_box[0], common))
+                        box_slice(tensor, target_box.offsets, common).copy_(
+                            box_slice(source, piece_box.offsets, common)
+                        )
 
                 self.reads.append(PieceRead(piece, logical_path, consume=consume))
         return lambda: result

@@ -128,7 +128,7 @@ def plan_restore(
         containers, leaves = subtree(view, root)
         destinations: dict[str, Any] = {}
         if not isinstance(stateful, RNGState):
-            _, destinations = flatten(stateful.state_dict(), root)
+            destinations = flatten(stateful.state_dict(), root).leaves
         if strict and isinstance(stateful, torch.nn.Module):
             _check_module_keys(key, set(leaves), set(destinations))
         thunks: dict[str, Callable[[], Any]] = {}

@@ -67,9 +67,9 @@ def describe_state(states: Mapping[str, Any]) -> LocalState:
     payloads: list[Payload] = []
     by_identity: dict[tuple[Any, ...], tuple[int, str]] = {}
     for key in sorted(states):
-        flat_containers, flat_leaves = flatten(states[key], escape_key(key))
-        containers.update(flat_containers)
-        for path, leaf in flat_leaves.items():
+        flat = flatten(states[key], escape_key(key))
+        containers.update(flat.containers)
+        for path, leaf in flat.leaves.items():
             if isinstance(leaf, torch.Tensor) and is_sharded(leaf):
                 leaves[path] = _describe_sharded(path, leaf, payloads)
             elif isinstance(leaf, torch.Tensor):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_plan import plan_layout
+from plan._layouts import plan_layout
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit._plan.leaves import Payload

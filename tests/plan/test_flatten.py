@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from snapshotkit._plan.flatten import escape_key, flatten, inflate, unescape_key
+from snapshotkit.manifest import DictEntry, ListEntry, TupleEntry
+
+
+def test_escape_round_trip() -> None:
+    for key in ["plain", "a/b", "50%", "%2F", "/", "%", "a%2Fb/c"]:
+        assert unescape_key(escape_key(key)) == key
+        assert "/" not in escape_key(key)
+
+
+def test_flatten_nested_containers_and_inflate_restores_types_and_order() -> None:
+    tensor = torch.arange(3)
+    state = {
+        "b": 1,
+        "a": [1.5, (2, "x"), {"k": None}],
+        "od": OrderedDict([("z", 1), ("y", 2)]),
+        3: "int key",
+        "sl/ash": tensor,
+        "empty_list": [],
+        "empty_dict": {},
+    }
+    flat = flatten(state, "root")
+    containers, leaves = flat.containers, flat.leaves
+    assert containers["root"] == DictEntry(("b", "a", "od", 3, "sl/ash", "empty_list", "empty_dict"))
+    assert containers["root/a"] == ListEntry(3)
+    assert containers["root/a/1"] == TupleEntry(2)
+    assert containers["root/od"] == DictEntry(("z", "y"), ordered=True)
+    assert leaves["root/sl%2Fash"] is tensor
+    assert leaves["root/3"] == "int key"
+    rebuilt = inflate("root", containers, leaves)
+    assert rebuilt == state
+    assert list(rebuilt) == list(state)
+    assert type(rebuilt["od"]) is OrderedDict
+    assert type(rebuilt["a"][1]) is tuple
+    assert 3 in rebuilt and "3" not in rebuilt
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {1: "a", "1": "b"},  # keys that print the same cannot both be paths
+        {(1, 2): "tuple key"},
+        {True: "bool key"},
+        {1.5: "float key"},
+    ],
+)
+def test_dicts_with_unrepresentable_keys_are_leaves(value: dict[object, str]) -> None:
+    flat = flatten({"d": value}, "k")
+    containers, leaves = flat.containers, flat.leaves
+    assert "k/d" not in containers
+    assert leaves["k/d"] is value
+
+
+def test_subclasses_of_containers_are_leaves() -> None:
+    class MyDict(dict):  # type: ignore[type-arg]
+        pass
+
+    class MyList(list):  # type: ignore[type-arg]
+        pass
+
+    torch_size = torch.Size([2, 3])
+    flat = flatten({"a": MyDict(x=1), "b": MyList([1]), "c": torch_size}, "k")
+    containers, leaves = flat.containers, flat.leaves
+    assert set(leaves) == {"k/a", "k/b", "k/c"}
+    assert set(containers) == {"k"}
+
+
+def test_top_level_leaf() -> None:
+    tensor = torch.ones(2)
+    flat = flatten(tensor, "k")
+    containers, leaves = flat.containers, flat.leaves
+    assert containers == {}
+    assert inflate("k", containers, leaves) is tensor
+
+
+def test_empty_containers_at_the_top() -> None:
+    for value, entry in [({}, DictEntry(())), ([], ListEntry(0)), ((), TupleEntry(0))]:
+        flat = flatten(value, "k")
+        assert flat.containers == {"k": entry}
+        assert flat.leaves == {}
+        assert inflate("k", flat.containers, flat.leaves) == value
+
+
+FAST = settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+
+keys = st.one_of(st.text(max_size=5), st.integers(-3, 3))
+primitives = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5), st.binary(max_size=4))
+states = st.recursive(
+    primitives,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.lists(children, max_size=4).map(tuple),
+        st.dictionaries(keys, children, max_size=4),
+        st.dictionaries(keys, children, max_size=4).map(lambda d: OrderedDict(reversed(d.items()))),
+    ),
+    max_leaves=20,
+)
+
+
+def same(a: object, b: object) -> bool:
+    """Equal, with the same container types and key order all the way down."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        assert isinstance(b, dict)
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@FAST
+@given(state=states, prefix=st.sampled_from(["k", "a%2Fb", "x/y"]))
+def test_inflate_rebuilds_what_flatten_split(state: object, prefix: str) -> None:
+    flat = flatten(state, prefix)
+    assert same(inflate(prefix, flat.containers, flat.leaves), state)
+    assert flat.containers.keys().isdisjoint(flat.leaves.keys())  # a path is a container or a leaf
+    assert all(path == prefix or path.startswith(prefix + "/") for path in [*flat.containers, *flat.leaves])
+    assert flatten(state, prefix) == flat
+
+
+@FAST
+@given(key=st.text(max_size=12))
+def test_any_key_escapes_to_one_path_component(key: str) -> None:
+    escaped = escape_key(key)
+    assert "/" not in escaped
+    assert unescape_key(escaped) == key
