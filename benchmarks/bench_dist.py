@@ -19,8 +19,8 @@ Three parts, all in one run (``--parts`` selects):
 ``planning``
     Simulated, no processes: ``--planning-ranks`` (default 64,256,1024) ranks x
     ``--planning-entries`` (default 1,000) entries each (half replicated, half rank-local),
-    timing :func:`snapshotkit._take.engine.decide` (partitioning) plus
-    :func:`snapshotkit._take.engine.merge_results` (the manifest merge) on one core. Target: under
+    timing :func:`snapshotkit._plan.decide.decide` (partitioning) plus
+    :func:`snapshotkit._plan.merge.merge_results` (the manifest merge) on one core. Target: under
     2 s at 1,024 x 1,000, and no worse than O(n log n) growth.
 
 Usage::
@@ -217,14 +217,15 @@ def part_reshard(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
 def _simulated(ranks: int, entries: int) -> tuple[list[Any], list[Any]]:
     """Per-rank descriptions and results: half the entries replicated (same on every rank),
     half rank-local optimizer state."""
-    from snapshotkit._take.engine import RankInfo, RankResult
+    from snapshotkit._plan.leaves import LeafSignature, RankInfo
+    from snapshotkit._plan.merge import RankResult
     from snapshotkit.manifest import Piece, TensorEntry
 
     half = entries // 2
-    replicated = {
-        f"model/layer{i}.weight": ("tensor", "float32", (256, 256), "raw", 256 * 256 * 4) for i in range(half)
-    }
-    infos = [RankInfo("/ckpt", ["model/**"], replicated, {}, half * 256 * 256 * 4 + half * 4096) for _ in range(ranks)]
+    weight = LeafSignature("tensor", "float32", (256, 256), "raw", 256 * 256 * 4)
+    replicated = {f"model/layer{i}.weight": weight for i in range(half)}
+    total_bytes = half * 256 * 256 * 4 + half * 4096
+    infos = [RankInfo("/ckpt", ("model/**",), replicated, {}, total_bytes, "bench") for _ in range(ranks)]
     checksum = "crc32c:00000000"
     results = []
     for rank in range(ranks):
@@ -235,7 +236,8 @@ def _simulated(ranks: int, entries: int) -> tuple[list[Any], list[Any]]:
 
 
 def part_planning(args: argparse.Namespace) -> dict[str, Any]:
-    from snapshotkit._take.engine import decide, merge_results
+    from snapshotkit._plan.decide import decide
+    from snapshotkit._plan.merge import merge_results
     from snapshotkit.manifest import Piece
 
     rows = []
