@@ -58,33 +58,27 @@ Results go to benchmarks/results/bench_async-<date>.json unless ``--out`` says o
 
 from __future__ import annotations
 
-import argparse
-import atexit
 import contextlib
 import copy
 import gc
-import json
 import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
-import traceback
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-_REPO_ROOT = Path(__file__).resolve().parents[1]
-if (_REPO_ROOT / "snapshotkit").is_dir() and str(_REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(_REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _harness, also when imported by a test
 
-import _common as C  # noqa: E402
+from _harness import Record, cli, launch
+from _harness import measure as M
+from _harness import report as R
+from _harness import workloads as W
 
 MODES = ("none", "thread", "process", "dcp", "dcp_reuse")
-SNAPSHOT_MODES = MODES[1:]
 LABELS = {
     "none": "no snapshots",
     "thread": "snapshotkit thread",
@@ -100,12 +94,9 @@ TARGET_PROCESS_SLOWDOWN = 0.05
 # --------------------------------------------------------------------------- #
 # The state and the trainer (children)
 # --------------------------------------------------------------------------- #
-def big_specs(cfg: dict[str, Any]) -> list[C.TensorSpec]:
+def big_specs(cfg: Record) -> list[W.TensorSpec]:
     """The big state: ``state_bytes / tensor_bytes`` float32 tensors of seeded random data."""
-    count = cfg["state_bytes"] // cfg["tensor_bytes"]
-    numel = cfg["tensor_bytes"] // 4
-    shape = (numel // 1024, 1024) if numel % 1024 == 0 else (numel,)
-    return [C.TensorSpec(f"big{i:03d}", "float32", shape, cfg["seed"] * 1_000_003 + i) for i in range(count)]
+    return W.sized_specs(cfg["state_bytes"], cfg["tensor_bytes"], cfg["seed"], name="big{:03d}", first_seed=0)
 
 
 def mutated_slice(t: Any) -> Any:
@@ -118,19 +109,16 @@ def last_mutation(index: int, count: int, step: int) -> int | None:
     return s if s >= 1 else None
 
 
-def expected_big(spec: C.TensorSpec, index: int, count: int, step: int) -> Any:
+def expected_big(spec: W.TensorSpec, index: int, count: int, step: int) -> Any:
     """Big tensor ``index`` as it was right after training step ``step``."""
-    import torch
-
-    want = torch.empty(spec.shape, dtype=torch.float32)
-    C.fill_tensor(want, spec)
+    want = W.spec_tensor(spec)
     s = last_mutation(index, count, step)
     if s is not None:
         mutated_slice(want).fill_(float(s))
     return want
 
 
-def build_trainer(cfg: dict[str, Any]) -> tuple[Any, Any, list[tuple[Any, Any]]]:
+def build_trainer(cfg: Record) -> tuple[Any, Any, list[tuple[Any, Any]]]:
     """A small MLP, its Adam optimizer and a few fixed random batches."""
     import torch
 
@@ -199,7 +187,7 @@ def compare_tree(got: Any, want: Any, where: str, problems: list[str]) -> None:
         problems.append(f"{where}: {got!r} != {want!r}")
 
 
-def check_big(dest: dict[str, Any], specs: Sequence[C.TensorSpec], step: int, problems: list[str]) -> None:
+def check_big(dest: Record, specs: Sequence[W.TensorSpec], step: int, problems: list[str]) -> None:
     import torch
 
     for i, spec in enumerate(specs):
@@ -207,7 +195,7 @@ def check_big(dest: dict[str, Any], specs: Sequence[C.TensorSpec], step: int, pr
             problems.append(f"big/{spec.name}: differs from the state at step {step}")
 
 
-def staged_tensors(model: Any, optim: Any, big: dict[str, Any]) -> list[Any]:
+def staged_tensors(model: Any, optim: Any, big: Record) -> list[Any]:
     """Every tensor a snapshot copies: the big state, the model's and the optimizer's."""
     import torch
 
@@ -220,8 +208,32 @@ def staged_tensors(model: Any, optim: Any, big: dict[str, Any]) -> list[Any]:
 # --------------------------------------------------------------------------- #
 # Snapshot drivers (children)
 # --------------------------------------------------------------------------- #
-class SnapshotkitDriver:
-    def __init__(self, executor: str, model: Any, optim: Any, big: dict[str, Any], budget: int | None) -> None:
+class Driver:
+    """What the loop needs of a snapshotting library: start a snapshot, poll and wait for it."""
+
+    @staticmethod
+    def done(handle: Any) -> bool:
+        return bool(handle.done())
+
+    def writer_pid(self) -> int | None:
+        return None  # the writer is a thread of this process
+
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def problems(restored: tuple[Any, Any, Any], cfg: Record, expected: Record, step: int) -> list[str]:
+        """How the restored (model state dict, optimizer state dict, big state) differ from the state
+        at the snapshot call."""
+        problems: list[str] = []
+        compare_tree(restored[0], expected["model"], "model", problems)
+        compare_tree(restored[1], expected["optim"], "optim", problems)
+        check_big(restored[2], big_specs(cfg), step, problems)
+        return problems
+
+
+class SnapshotkitDriver(Driver):
+    def __init__(self, executor: str, model: Any, optim: Any, big: Record, budget: int | None) -> None:
         from snapshotkit import Snapshot, StateDict
 
         self._snapshot = Snapshot
@@ -230,10 +242,6 @@ class SnapshotkitDriver:
 
     def start(self, path: str) -> Any:
         return self._snapshot.async_take(path, self.app_state, memory_budget_bytes=self.budget, executor=self.executor)
-
-    @staticmethod
-    def done(handle: Any) -> bool:
-        return bool(handle.done())
 
     @staticmethod
     def wait(handle: Any) -> None:
@@ -246,28 +254,18 @@ class SnapshotkitDriver:
 
         return checkpoint_daemon_pid()
 
-    def close(self) -> None:
-        pass
-
-    def verify(self, path: str, cfg: dict[str, Any], expected: dict[str, Any], step: int) -> list[str]:
-        import torch
-
+    def verify(self, path: str, cfg: Record, expected: Record, step: int) -> list[str]:
         from snapshotkit import StateDict
 
         model, optim, batches = build_trainer(cfg)
         train_step(model, optim, batches[0])  # so the optimizer has state to restore into
-        specs = big_specs(cfg)
-        dest = {s.name: torch.zeros(s.shape, dtype=torch.float32) for s in specs}
-        self._snapshot(path).restore({"model": model, "optim": optim, "big": StateDict(dest)})
-        problems: list[str] = []
-        compare_tree(model.state_dict(), expected["model"], "model", problems)
-        compare_tree(optim.state_dict(), expected["optim"], "optim", problems)
-        check_big(dest, specs, step, problems)
-        return problems
+        big = W.destination(big_specs(cfg))
+        self._snapshot(path).restore({"model": model, "optim": optim, "big": StateDict(big)})
+        return self.problems((model.state_dict(), optim.state_dict(), big), cfg, expected, step)
 
 
-class DcpDriver:
-    def __init__(self, reuse: bool, model: Any, optim: Any, big: dict[str, Any]) -> None:
+class DcpDriver(Driver):
+    def __init__(self, reuse: bool, model: Any, optim: Any, big: Record) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
@@ -285,89 +283,32 @@ class DcpDriver:
         return getattr(handle, "upload_completion", handle)  # AsyncSaveResponse on async staging
 
     @staticmethod
-    def done(handle: Any) -> bool:
-        return bool(handle.done())
-
-    @staticmethod
     def wait(handle: Any) -> None:
         handle.result()
-
-    def writer_pid(self) -> int | None:
-        return None
 
     def close(self) -> None:
         if self.stager is not None:
             self.stager.close()
 
-    def verify(self, path: str, cfg: dict[str, Any], expected: dict[str, Any], step: int) -> list[str]:
-        import torch
-
-        specs = big_specs(cfg)
+    def verify(self, path: str, cfg: Record, expected: Record, step: int) -> list[str]:
         dest = {
             "model": clone_tree(expected["model"], zero=True),
             "optim": clone_tree(expected["optim"], zero=True),
-            "big": {s.name: torch.zeros(s.shape, dtype=torch.float32) for s in specs},
+            "big": W.destination(big_specs(cfg)),
         }
         self._dcp.load(dest, checkpoint_id=path, no_dist=True)
-        problems: list[str] = []
-        compare_tree(dest["model"], expected["model"], "model", problems)
-        compare_tree(dest["optim"], expected["optim"], "optim", problems)
-        check_big(dest["big"], specs, step, problems)
-        return problems
+        return self.problems((dest["model"], dest["optim"], dest["big"]), cfg, expected, step)
 
 
-def make_driver(mode: str, cfg: dict[str, Any], model: Any, optim: Any, big: dict[str, Any]) -> Any:
+def make_driver(mode: str, cfg: Record, model: Any, optim: Any, big: Record) -> Driver:
     if mode in ("thread", "process"):
         return SnapshotkitDriver(mode, model, optim, big, cfg["memory_budget_bytes"])
     return DcpDriver(mode == "dcp_reuse", model, optim, big)
 
 
 # --------------------------------------------------------------------------- #
-# CPU accounting helpers
+# Writer priority and step statistics
 # --------------------------------------------------------------------------- #
-def _proc_cpu_s(pid: int | None) -> float | None:
-    """utime + stime of process ``pid`` in seconds (None if unknown)."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _system_cpu() -> tuple[int, int, int] | None:
-    """(busy, total, steal) jiffies of the whole machine from /proc/stat (guest time is part of
-    user time there, so it is not added again)."""
-    try:
-        with open("/proc/stat") as f:
-            vals = [int(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    vals += [0] * (8 - len(vals))
-    idle = vals[3] + vals[4]
-    return sum(vals) - idle, sum(vals), vals[7]
-
-
-def _fraction(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None, field: int) -> float | None:
-    """Share of the machine's CPU time between two :func:`_system_cpu` readings: busy (0) or steal (2)."""
-    if before is None or after is None or after[1] == before[1]:
-        return None
-    return (after[field] - before[field]) / (after[1] - before[1])
-
-
-def _thread_sched() -> tuple[float, float]:
-    """(seconds on CPU, seconds runnable but waiting for a CPU) of the calling thread, from
-    /proc/thread-self/schedstat; (thread_time, 0) where that is unavailable."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            on_cpu, waiting = f.read().split()[:2]
-        return int(on_cpu) / 1e9, int(waiting) / 1e9
-    except (OSError, ValueError):
-        return time.thread_time(), 0.0
-
-
 def renice_writer(driver: Any, nice: int) -> None:
     """Benchmark-side diagnostic (``--writer-nice``): give the writer's threads a lower CPU
     priority -- every thread of the checkpoint daemon, or every thread of this process but the
@@ -388,20 +329,13 @@ def renice_writer(driver: Any, nice: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
-def _percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
-
-
-def _step_stats(values: Sequence[float]) -> dict[str, Any]:
+def _step_stats(values: Sequence[float]) -> Record:
     return {
         "n": len(values),
         "mean_s": statistics.fmean(values) if values else None,
         "median_s": statistics.median(values) if values else None,
-        "p90_s": _percentile(values, 0.9),
-        "p99_s": _percentile(values, 0.99),
+        "p90_s": M.percentile(values, 0.9),
+        "p99_s": M.percentile(values, 0.99),
         "max_s": max(values) if values else None,
     }
 
@@ -409,19 +343,19 @@ def _step_stats(values: Sequence[float]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- #
 # Child operations
 # --------------------------------------------------------------------------- #
-def _setup(cfg: dict[str, Any]) -> tuple[list[C.TensorSpec], dict[str, Any], Any, Any, list[tuple[Any, Any]]]:
+def _setup(cfg: Record) -> tuple[list[W.TensorSpec], Record, Any, Any, list[tuple[Any, Any]]]:
     import torch
 
     torch.set_num_threads(1)
     specs = big_specs(cfg)
-    big = C.materialize(specs)
+    big = W.materialize(specs)
     model, optim, batches = build_trainer(cfg)
     for i in range(cfg["warmup_steps"]):  # untimed; also gives the optimizer its state
         train_step(model, optim, batches[i % len(batches)])
     return specs, big, model, optim, batches
 
 
-def run_memcpy(spec: dict[str, Any]) -> dict[str, Any]:
+def run_memcpy(spec: Record) -> Record:
     """Copy the bytes a snapshot stages with ``Tensor.copy_`` on one thread."""
     import torch
 
@@ -460,7 +394,7 @@ def run_memcpy(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_train(spec: dict[str, Any]) -> dict[str, Any]:
+def run_train(spec: Record) -> Record:
     """The training loop, with snapshots every ``every`` steps unless the mode is ``none``."""
     import torch
 
@@ -478,17 +412,17 @@ def run_train(spec: dict[str, Any]) -> dict[str, Any]:
 
     step_times: list[float] = []
     in_flight: list[bool] = []
-    calls: list[dict[str, Any]] = []
+    calls: list[Record] = []
     pending: Any = None
-    pending_record: dict[str, Any] | None = None
-    expected: dict[str, Any] | None = None
+    pending_record: Record | None = None
+    expected: Record | None = None
     excluded = 0.0  # capturing the expected state for the verification (not the benchmark's cost)
     writer_pid: int | None = None
 
     nice = cfg.get("writer_nice") or 0
     os.sync()
     gc.collect()
-    cpu0, sched0, sys0 = time.process_time(), _thread_sched(), _system_cpu()
+    cpu0, sched0, sys0 = time.process_time(), M.thread_sched(), M.system_cpu()
     loop0 = time.perf_counter()
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
@@ -507,11 +441,11 @@ def run_train(spec: dict[str, Any]) -> dict[str, Any]:
                 if pending_record.get("write_s") is None:
                     pending_record["write_s"] = time.perf_counter() - pending_record["_returned"]
                 blocked += waited
-            call_sched0 = _thread_sched()
+            call_sched0 = M.thread_sched()
             tb = time.perf_counter()
             pending = driver.start(str(workdir / f"snap{index}"))
             returned = time.perf_counter()
-            call_sched1 = _thread_sched()
+            call_sched1 = M.thread_sched()
             pending_record = {
                 "step": step,
                 "call_s": returned - tb,
@@ -541,8 +475,8 @@ def run_train(spec: dict[str, Any]) -> dict[str, Any]:
         if pending is not None and not flying and pending_record is not None and pending_record["write_s"] is None:
             pending_record["write_s"] = t1 - pending_record["_returned"]
     loop_s = time.perf_counter() - loop0
-    cpu_s, sched1, sys1 = time.process_time() - cpu0, _thread_sched(), _system_cpu()
-    writer_cpu_s = _proc_cpu_s(writer_pid)
+    cpu_s, sched1, sys1 = time.process_time() - cpu0, M.thread_sched(), M.system_cpu()
+    writer_cpu_s = M.process_cpu_s(writer_pid)
 
     final_wait_s = 0.0
     if pending is not None:
@@ -602,58 +536,34 @@ def run_train(spec: dict[str, Any]) -> dict[str, Any]:
         "main_thread_cpu_s": sched1[0] - sched0[0],
         "main_thread_runq_wait_s": sched1[1] - sched0[1],
         "writer_process_cpu_s": writer_cpu_s,
-        "system_busy_fraction": _fraction(sys0, sys1, 0),
-        "system_steal_fraction": _fraction(sys0, sys1, 2),
+        "system_busy_fraction": M.cpu_fraction(sys0, sys1, 0),
+        "system_steal_fraction": M.cpu_fraction(sys0, sys1, 2),
         "verified": verified,
         "torch_threads": torch.get_num_threads(),
     }
 
 
-def child_entry(spec_json: str, result_file: str) -> None:
-    spec = json.loads(spec_json)
-    try:
-        res = run_memcpy(spec) if spec["op"] == "memcpy" else run_train(spec)
-    except BaseException as exc:
-        res = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
-    Path(result_file).write_text(json.dumps(res))
-
-
-def forked_child_entry(spec_json: str, result_file: str) -> None:
-    """``child_entry`` in a forked process, which skips the interpreter's exit: run the exit
-    hooks (snapshotkit's stops the checkpoint daemon and frees its shared memory) explicitly."""
-    try:
-        child_entry(spec_json, result_file)
-    finally:
-        atexit._run_exitfuncs()
+def run_child(spec: Record) -> Record:
+    return run_memcpy(spec) if spec["op"] == "memcpy" else run_train(spec)
 
 
 # --------------------------------------------------------------------------- #
 # Parent side: orchestration
 # --------------------------------------------------------------------------- #
 PRELOAD = ["torch", "torch.distributed.checkpoint", "snapshotkit", "numpy"]
+_NEEDS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "none": [],
+    "thread": [("snapshotkit", ("Snapshot.async_take",))],
+    "process": [("snapshotkit", ("Snapshot.async_take",))],
+    "dcp": [("torch.distributed.checkpoint", ("async_save",))],
+    "dcp_reuse": [
+        ("torch.distributed.checkpoint", ("async_save",)),
+        ("torch.distributed.checkpoint.staging", ("DefaultStager",)),
+    ],
+}
 
 
-def check_available(mode: str) -> str | None:
-    """None if the mode can run here, else the reason."""
-    try:
-        if mode in ("thread", "process"):
-            from snapshotkit import Snapshot
-
-            if not hasattr(Snapshot, "async_take"):
-                return "snapshotkit.Snapshot has no async_take"
-        elif mode in ("dcp", "dcp_reuse"):
-            import torch.distributed.checkpoint as dcp
-
-            if not hasattr(dcp, "async_save"):
-                return "torch.distributed.checkpoint has no async_save"
-            if mode == "dcp_reuse":
-                from torch.distributed.checkpoint.staging import DefaultStager  # noqa: F401
-    except Exception as exc:
-        return f"import failed: {type(exc).__name__}: {exc}"
-    return None
-
-
-def calibrate(cfg: dict[str, Any], seconds: float = 3.0) -> float:
+def calibrate(cfg: Record, seconds: float = 3.0) -> float:
     """Seconds per training step of this trainer on one thread, measured here."""
     import torch
 
@@ -672,95 +582,69 @@ def calibrate(cfg: dict[str, Any], seconds: float = 3.0) -> float:
         torch.set_num_threads(threads)
 
 
-def other_activity() -> dict[str, Any]:
-    """Load average and other processes that look like benchmarks or test runs."""
-    try:
-        load = Path("/proc/loadavg").read_text().split()[:3]
-    except OSError:
-        load = []
-    mine = {os.getpid(), os.getppid()}
-    found: list[str] = []
-    try:
-        import psutil
-
-        me = psutil.Process()
-        mine |= {p.pid for p in me.parents()} | {p.pid for p in me.children(recursive=True)}
-        for p in psutil.process_iter(["pid", "cmdline"]):
-            cmd = " ".join(p.info.get("cmdline") or [])
-            if p.info["pid"] not in mine and ("bench_" in cmd or "pytest" in cmd):
-                found.append(f"{p.info['pid']}: {cmd[:160]}")
-    except Exception as exc:  # psutil missing or /proc unreadable: say so
-        found.append(f"(could not list processes: {type(exc).__name__})")
-    return {"loadavg": load, "other_benchmarks_or_tests": found}
-
-
-def summarize_memcpy(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    good = [r for r in runs if r.get("ok")]
-    out: dict[str, Any] = {"runs": runs, "n_ok": len(good)}
+def summarize_memcpy(runs: list[Record]) -> Record:
+    out, good = M.run_summary(runs)
     if not good:
-        out["error"] = next((r.get("error") for r in runs), "no run")
+        out.setdefault("error", "no run")
         return out
     out.update(
         bytes=good[0]["bytes"],
-        prealloc_median_s=C.median(x for r in good for x in r["prealloc_s"]),
-        fresh_median_s=C.median(x for r in good for x in r["fresh_s"]),
+        prealloc_median_s=M.median(x for r in good for x in r["prealloc_s"]),
+        fresh_median_s=M.median(x for r in good for x in r["fresh_s"]),
     )
     return out
 
 
-def summarize_mode(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    good = [r for r in runs if r.get("ok")]
-    out: dict[str, Any] = {"runs": runs, "n_ok": len(good)}
-    errors = [r["error"] for r in runs if r.get("error")]
-    if errors:
-        out["error"] = errors[0]
+# A mode's summary holds the median over its repeats of these figures of a run, by the same name ...
+RUN_MEDIANS = (
+    "loop_s",
+    "loop_excl_blocked_s",
+    "loop_incl_blocked_s",
+    "blocked_call_s",
+    "blocked_wait_s",
+    "final_wait_s",
+    "process_cpu_s",
+    "main_thread_cpu_s",
+    "main_thread_runq_wait_s",
+    "system_steal_fraction",
+    "in_flight_cost_s",
+    "in_flight_slowdown_estimate",
+    "writer_process_cpu_s",
+    "system_busy_fraction",
+)
+# ... and of these step statistics of a run: group -> {summary key: statistic}.
+STEP_MEDIANS = {
+    "steps_all": {"step_all_mean_s": "mean_s", "step_all_median_s": "median_s"},
+    "steps_in_flight": {
+        "step_in_flight_mean_s": "mean_s",
+        "step_in_flight_median_s": "median_s",
+        "step_in_flight_p99_s": "p99_s",
+        "steps_in_flight": "n",
+    },
+    "steps_idle": {"step_idle_mean_s": "mean_s", "step_idle_median_s": "median_s"},
+}
+
+
+def summarize_mode(runs: list[Record]) -> Record:
+    out, good = M.run_summary(runs)
     if not good:
         return out
-
-    def med(key: str) -> Any:
-        return C.median(r.get(key) for r in good)
-
-    def med_sub(group: str, key: str) -> Any:
-        return C.median(r[group].get(key) for r in good)
-
-    out.update(
-        loop_s=med("loop_s"),
-        loop_excl_blocked_s=med("loop_excl_blocked_s"),
-        loop_incl_blocked_s=med("loop_incl_blocked_s"),
-        blocked_call_s=med("blocked_call_s"),
-        blocked_wait_s=med("blocked_wait_s"),
-        final_wait_s=med("final_wait_s"),
-        step_all_mean_s=med_sub("steps_all", "mean_s"),
-        step_all_median_s=med_sub("steps_all", "median_s"),
-        step_in_flight_mean_s=med_sub("steps_in_flight", "mean_s"),
-        step_in_flight_median_s=med_sub("steps_in_flight", "median_s"),
-        step_in_flight_p99_s=med_sub("steps_in_flight", "p99_s"),
-        steps_in_flight=med_sub("steps_in_flight", "n"),
-        step_idle_mean_s=med_sub("steps_idle", "mean_s"),
-        step_idle_median_s=med_sub("steps_idle", "median_s"),
-        process_cpu_s=med("process_cpu_s"),
-        main_thread_cpu_s=med("main_thread_cpu_s"),
-        main_thread_runq_wait_s=med("main_thread_runq_wait_s"),
-        system_steal_fraction=med("system_steal_fraction"),
-        in_flight_cost_s=med("in_flight_cost_s"),
-        in_flight_slowdown_estimate=med("in_flight_slowdown_estimate"),
-        writer_process_cpu_s=med("writer_process_cpu_s"),
-        system_busy_fraction=med("system_busy_fraction"),
-        staged_bytes=good[0]["staged_bytes"],
-    )
+    out.update(M.medians(good, RUN_MEDIANS), staged_bytes=good[0]["staged_bytes"])
+    for group, stats in STEP_MEDIANS.items():
+        out.update(M.medians(good, stats, group=group))
     firsts = [r["first_call_s"] for r in good if r.get("first_call_s") is not None]
     laters = [x for r in good for x in r.get("later_calls_s", [])]
     writes = [c["write_s"] for r in good for c in r.get("calls", []) if c.get("write_s") is not None]
     if firsts:
         out.update(
-            first_call_median_s=C.median(firsts),
+            first_call_median_s=M.median(firsts),
             first_call_max_s=max(firsts),
-            later_call_median_s=C.median(laters),
+            later_call_median_s=M.median(laters),
             later_call_max_s=max(laters) if laters else None,
-            later_call_cpu_median_s=C.median(c["call_cpu_s"] for r in good for c in r.get("calls", [])[1:]),
-            later_call_runq_wait_median_s=C.median(c["call_runq_wait_s"] for r in good for c in r.get("calls", [])[1:]),
+            later_call_cpu_median_s=M.median(c["call_cpu_s"] for r in good for c in r.get("calls", [])[1:]),
+            later_call_runq_wait_median_s=M.median(c["call_runq_wait_s"] for r in good for c in r.get("calls", [])[1:]),
             n_later_calls=len(laters),
-            write_median_s=C.median(writes),
+            write_median_s=M.median(writes),
             write_max_s=max(writes) if writes else None,
             writes_done_in_time=all(r.get("writes_done_in_time", True) for r in good),
             verified=all(r.get("verified") is not False for r in good) and any(r.get("verified") for r in good),
@@ -768,13 +652,13 @@ def summarize_mode(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def compute_ratios(results: dict[str, Any], memcpy: dict[str, Any]) -> dict[str, Any]:
+def compute_ratios(results: Record, memcpy: Record) -> Record:
     none = results.get("none", {})
     base_loop = none.get("loop_s")
     base_step = none.get("step_all_mean_s")
     base_step_med = none.get("step_all_median_s")
     none_runs = {r.get("repeat"): r for r in none.get("runs", []) if r.get("ok")}
-    out: dict[str, Any] = {}
+    out: Record = {}
     for mode, s in results.items():
         if mode == "none" or "loop_s" not in s:
             continue
@@ -783,22 +667,22 @@ def compute_ratios(results: dict[str, Any], memcpy: dict[str, Any]) -> dict[str,
             for r in s["runs"]
             if r.get("ok") and r.get("repeat") in none_runs
         ]
-        excl, incl = C.ratio(s.get("loop_excl_blocked_s"), base_loop), C.ratio(s.get("loop_incl_blocked_s"), base_loop)
+        excl, incl = M.ratio(s.get("loop_excl_blocked_s"), base_loop), M.ratio(s.get("loop_incl_blocked_s"), base_loop)
         fly, fly_med = (
-            C.ratio(s.get("step_in_flight_mean_s"), base_step),
-            C.ratio(s.get("step_in_flight_median_s"), base_step_med),
+            M.ratio(s.get("step_in_flight_mean_s"), base_step),
+            M.ratio(s.get("step_in_flight_median_s"), base_step_med),
         )
         out[mode] = {
-            "later_call_over_memcpy": C.ratio(s.get("later_call_median_s"), memcpy.get("prealloc_median_s")),
-            "first_call_over_memcpy": C.ratio(s.get("first_call_median_s"), memcpy.get("prealloc_median_s")),
-            "first_call_over_memcpy_fresh": C.ratio(s.get("first_call_median_s"), memcpy.get("fresh_median_s")),
+            "later_call_over_memcpy": M.ratio(s.get("later_call_median_s"), memcpy.get("prealloc_median_s")),
+            "first_call_over_memcpy": M.ratio(s.get("first_call_median_s"), memcpy.get("prealloc_median_s")),
+            "first_call_over_memcpy_fresh": M.ratio(s.get("first_call_median_s"), memcpy.get("fresh_median_s")),
             "slowdown_excl_blocked": None if excl is None else excl - 1,
             "slowdown_incl_blocked": None if incl is None else incl - 1,
-            "slowdown_excl_blocked_paired_median": C.median(paired),
+            "slowdown_excl_blocked_paired_median": M.median(paired),
             "step_in_flight_mean_over_none": fly,
             "step_in_flight_median_over_none": fly_med,
             "in_flight_slowdown_estimate": s.get("in_flight_slowdown_estimate"),
-            "step_in_flight_mean_over_idle_same_run": C.ratio(
+            "step_in_flight_mean_over_idle_same_run": M.ratio(
                 s.get("step_in_flight_mean_s"), s.get("step_idle_mean_s")
             ),
         }
@@ -806,9 +690,9 @@ def compute_ratios(results: dict[str, Any], memcpy: dict[str, Any]) -> dict[str,
     out["targets"] = {
         "blocked_over_memcpy_max": TARGET_BLOCKED_OVER_MEMCPY,
         "process_slowdown_max": TARGET_PROCESS_SLOWDOWN,
-        "process_blocked_met": _le(proc.get("later_call_over_memcpy"), TARGET_BLOCKED_OVER_MEMCPY),
-        "thread_blocked_met": _le(thr.get("later_call_over_memcpy"), TARGET_BLOCKED_OVER_MEMCPY),
-        "process_slowdown_met": _le(proc.get("slowdown_excl_blocked"), TARGET_PROCESS_SLOWDOWN),
+        "process_blocked_met": M.within(proc.get("later_call_over_memcpy"), TARGET_BLOCKED_OVER_MEMCPY),
+        "thread_blocked_met": M.within(thr.get("later_call_over_memcpy"), TARGET_BLOCKED_OVER_MEMCPY),
+        "process_slowdown_met": M.within(proc.get("slowdown_excl_blocked"), TARGET_PROCESS_SLOWDOWN),
         "process_better_than_thread": (
             None
             if proc.get("slowdown_excl_blocked") is None or thr.get("slowdown_excl_blocked") is None
@@ -818,41 +702,20 @@ def compute_ratios(results: dict[str, Any], memcpy: dict[str, Any]) -> dict[str,
     return out
 
 
-def _le(value: float | None, limit: float) -> bool | None:
-    return None if value is None else value <= limit
-
-
 # --------------------------------------------------------------------------- #
 # Rendering
 # --------------------------------------------------------------------------- #
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v * 100:+.1f}%"
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1e3:.2f}"
-
-
-def _verdict(v: bool | None) -> str:
-    return {True: "MET", False: "MISSED", None: "n/a"}[v]
-
-
-def render(report: dict[str, Any]) -> str:
+def render(report: Record) -> str:
     m, cfg = report["machine"], report["config"]
     lines = [
-        f"machine: {m.get('cpu_model')} | {m.get('logical_cpus')} cpus | RAM {C.fmt_bytes(m.get('ram_bytes'))}"
-        f" | kernel {m.get('kernel')} | fs {m.get('scratch_fs', {}).get('type')} | torch {m['versions'].get('torch')}",
-        f"state: big {C.fmt_bytes(cfg['state_bytes'])} ({cfg['state_bytes'] // cfg['tensor_bytes']} x "
-        f"{C.fmt_bytes(cfg['tensor_bytes'])} float32) + model/optimizer = {C.fmt_bytes(report.get('staged_bytes'))} "
+        R.machine_line(m),
+        f"state: big {R.fmt_bytes(cfg['state_bytes'])} ({cfg['state_bytes'] // cfg['tensor_bytes']} x "
+        f"{R.fmt_bytes(cfg['tensor_bytes'])} float32) + model/optimizer = {R.fmt_bytes(report.get('staged_bytes'))} "
         f"per snapshot | MLP {cfg['in_features']}-{cfg['hidden']}x{cfg['layers']}-10, batch {cfg['batch']}, Adam, "
         "1 torch thread",
-        f"loop: {cfg['steps']} steps (calibrated {_ms(cfg.get('calibrated_step_s'))} ms/step), snapshot every "
+        f"loop: {cfg['steps']} steps (calibrated {R.fmt_ms(cfg.get('calibrated_step_s'))} ms/step), snapshot every "
         f"{cfg['every']} steps ({cfg['snapshots']} snapshots), median of {cfg['repeats']} repeat(s); "
-        f"memory budget {C.fmt_bytes(cfg['memory_budget_bytes']) if cfg['memory_budget_bytes'] else 'default'}",
+        f"memory budget {R.fmt_bytes(cfg['memory_budget_bytes']) if cfg['memory_budget_bytes'] else 'default'}",
     ]
     act = report["activity"]
     others = act["start"]["other_benchmarks_or_tests"] + act["end"]["other_benchmarks_or_tests"]
@@ -864,10 +727,10 @@ def render(report: dict[str, Any]) -> str:
     lines.append("")
     if mc.get("n_ok"):
         lines.append(
-            f"memcpy (Tensor.copy_, 1 thread) of the same {C.fmt_bytes(mc['bytes'])}: into pre-allocated tensors "
-            f"{mc['prealloc_median_s']:.3f} s ({mc['bytes'] / mc['prealloc_median_s'] / C.GiB:.2f} GiB/s) "
+            f"memcpy (Tensor.copy_, 1 thread) of the same {R.fmt_bytes(mc['bytes'])}: into pre-allocated tensors "
+            f"{mc['prealloc_median_s']:.3f} s ({mc['bytes'] / mc['prealloc_median_s'] / cli.GiB:.2f} GiB/s) "
             f"[the ratio's baseline]; into fresh tensors {mc['fresh_median_s']:.3f} s "
-            f"({mc['bytes'] / mc['fresh_median_s'] / C.GiB:.2f} GiB/s)"
+            f"({mc['bytes'] / mc['fresh_median_s'] / cli.GiB:.2f} GiB/s)"
         )
     else:
         lines.append(f"memcpy: FAILED: {mc.get('error')}")
@@ -887,11 +750,11 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"{LABELS[mode]:<31}  {s.get('skipped') or 'FAILED: ' + str(s.get('error'))[:150]}")
             continue
         lines.append(
-            f"{LABELS[mode]:<31}{s['first_call_median_s']:>9.3f}{C.fmt_num(s['later_call_median_s']):>9}"
-            f"{C.fmt_num(s['later_call_max_s']):>7}{C.fmt_num(s['later_call_cpu_median_s']):>7}"
-            f"{C.fmt_num(s['later_call_runq_wait_median_s']):>7}{_x(r['later_call_over_memcpy']):>14}"
-            f"{_x(r['first_call_over_memcpy']):>14}{_x(r['first_call_over_memcpy_fresh']):>13}"
-            f"{C.fmt_num(s['write_median_s'], '.2f'):>9}{s['writes_done_in_time']!s:>9}{s['verified']!s:>10}"
+            f"{LABELS[mode]:<31}{s['first_call_median_s']:>9.3f}{R.fmt_num(s['later_call_median_s']):>9}"
+            f"{R.fmt_num(s['later_call_max_s']):>7}{R.fmt_num(s['later_call_cpu_median_s']):>7}"
+            f"{R.fmt_num(s['later_call_runq_wait_median_s']):>7}{R.fmt_x(r['later_call_over_memcpy']):>14}"
+            f"{R.fmt_x(r['first_call_over_memcpy']):>14}{R.fmt_x(r['first_call_over_memcpy_fresh']):>13}"
+            f"{R.fmt_num(s['write_median_s'], '.2f'):>9}{s['writes_done_in_time']!s:>9}{s['verified']!s:>10}"
         )
     lines.append(
         "  first = first call of a run (median over runs); later = median of the other calls; cpu / runq = the "
@@ -912,12 +775,12 @@ def render(report: dict[str, Any]) -> str:
             continue
         blocked = (s.get("blocked_call_s") or 0) + (s.get("blocked_wait_s") or 0)
         lines.append(
-            f"{LABELS[mode]:<31}{s['loop_s']:>8.2f}{blocked:>9.2f}{_pct(r.get('slowdown_excl_blocked')):>10}"
-            f"{_pct(r.get('slowdown_incl_blocked')):>9}{_pct(r.get('slowdown_excl_blocked_paired_median')):>9}"
-            f"{_pct(r.get('in_flight_slowdown_estimate')):>9}"
-            f"{_ms(s['step_all_mean_s']):>9}{_ms(s['step_in_flight_mean_s']):>11}"
-            f"{_x(r.get('step_in_flight_mean_over_none')):>9}{_x(r.get('step_in_flight_mean_over_idle_same_run')):>9}"
-            f"{C.fmt_num(s['steps_in_flight'], '.0f'):>6}"
+            f"{LABELS[mode]:<31}{s['loop_s']:>8.2f}{blocked:>9.2f}{R.fmt_pct(r.get('slowdown_excl_blocked')):>10}"
+            f"{R.fmt_pct(r.get('slowdown_incl_blocked')):>9}{R.fmt_pct(r.get('slowdown_excl_blocked_paired_median')):>9}"
+            f"{R.fmt_pct(r.get('in_flight_slowdown_estimate')):>9}"
+            f"{R.fmt_ms(s['step_all_mean_s']):>9}{R.fmt_ms(s['step_in_flight_mean_s']):>11}"
+            f"{R.fmt_x(r.get('step_in_flight_mean_over_none')):>9}{R.fmt_x(r.get('step_in_flight_mean_over_idle_same_run')):>9}"
+            f"{R.fmt_num(s['steps_in_flight'], '.0f'):>6}"
         )
     lines.append(
         "  slowdown = (loop - time blocked in snapshot calls and waits) / no-snapshot loop - 1 (medians over "
@@ -936,7 +799,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"  noise: no-snapshot loop {min(none_loops):.2f}..{max(none_loops):.2f} s over {len(none_loops)} "
             f"run(s) ({(max(none_loops) / min(none_loops) - 1) * 100:.1f}% spread); mean step with no write in "
-            f"flight {_ms(min(idle))}..{_ms(max(idle))} ms over all {len(idle)} runs (the same work)"
+            f"flight {R.fmt_ms(min(idle))}..{R.fmt_ms(max(idle))} ms over all {len(idle)} runs (the same work)"
         )
     lines.append(
         "  step ms = mean step time without blocked time; in flight = mean of the n steps after which a "
@@ -954,10 +817,10 @@ def render(report: dict[str, Any]) -> str:
         if "loop_s" not in s:
             continue
         lines.append(
-            f"{LABELS[mode]:<31}{C.fmt_num(s['main_thread_cpu_s'], '.1f'):>12}"
-            f"{C.fmt_num(s['main_thread_runq_wait_s'], '.1f'):>11}{C.fmt_num(s['process_cpu_s'], '.1f'):>13}"
-            f"{C.fmt_num(s['writer_process_cpu_s'], '.1f'):>12}{C.fmt_num(s['system_busy_fraction'], '.0%'):>14}"
-            f"{C.fmt_num(s['system_steal_fraction'], '.1%'):>7}"
+            f"{LABELS[mode]:<31}{R.fmt_num(s['main_thread_cpu_s'], '.1f'):>12}"
+            f"{R.fmt_num(s['main_thread_runq_wait_s'], '.1f'):>11}{R.fmt_num(s['process_cpu_s'], '.1f'):>13}"
+            f"{R.fmt_num(s['writer_process_cpu_s'], '.1f'):>12}{R.fmt_num(s['system_busy_fraction'], '.0%'):>14}"
+            f"{R.fmt_num(s['system_steal_fraction'], '.1%'):>7}"
         )
     lines.append(
         "  trainer = the training thread (on CPU / runnable but waiting); process = the trainer's process, "
@@ -971,20 +834,21 @@ def render(report: dict[str, Any]) -> str:
     lines.append("-- targets --")
     lines.append(
         f"blocked in async_take (later calls) / memcpy <= {TARGET_BLOCKED_OVER_MEMCPY}x: process "
-        f"{_x(proc.get('later_call_over_memcpy'))} {_verdict(t.get('process_blocked_met'))}, thread "
-        f"{_x(thr.get('later_call_over_memcpy'))} {_verdict(t.get('thread_blocked_met'))}"
+        f"{R.fmt_x(proc.get('later_call_over_memcpy'))} {R.verdict(t.get('process_blocked_met'))}, thread "
+        f"{R.fmt_x(thr.get('later_call_over_memcpy'))} {R.verdict(t.get('thread_blocked_met'))}"
     )
     lines.append(
         f"process executor slowdown (excl. blocked) <= {TARGET_PROCESS_SLOWDOWN:.0%}: "
-        f"{_pct(proc.get('slowdown_excl_blocked'))} {_verdict(t.get('process_slowdown_met'))}; thread executor "
-        f"{_pct(thr.get('slowdown_excl_blocked'))}; process better than thread: {t.get('process_better_than_thread')}"
+        f"{R.fmt_pct(proc.get('slowdown_excl_blocked'))} {R.verdict(t.get('process_slowdown_met'))}; thread executor "
+        f"{R.fmt_pct(thr.get('slowdown_excl_blocked'))}; process better than thread: "
+        f"{t.get('process_better_than_thread')}"
     )
     for mode in ("dcp", "dcp_reuse"):
         d = ratios.get(mode)
         if d:
             lines.append(
-                f"{LABELS[mode]}: later calls / memcpy {_x(d['later_call_over_memcpy'])}, slowdown excl. blocked "
-                f"{_pct(d['slowdown_excl_blocked'])} (incl. {_pct(d['slowdown_incl_blocked'])})"
+                f"{LABELS[mode]}: later calls / memcpy {R.fmt_x(d['later_call_over_memcpy'])}, slowdown excl. blocked "
+                f"{R.fmt_pct(d['slowdown_excl_blocked'])} (incl. {R.fmt_pct(d['slowdown_incl_blocked'])})"
             )
     return "\n".join(lines)
 
@@ -992,24 +856,36 @@ def render(report: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- #
 # Main
 # --------------------------------------------------------------------------- #
-def default_out() -> Path:
-    return Path(__file__).resolve().parent / "results" / f"bench_async-{time.strftime('%Y-%m-%d')}.json"
+NOTES = {
+    "memcpy": "Tensor.copy_ of every staged tensor (big state + model + Adam state) on one torch thread, "
+    "into pre-allocated tensors touched beforehand (prealloc: the ratio's baseline) or into fresh "
+    "empty_like tensors (fresh: page faults included); median over all copies of all repeats",
+    "first_call": "the first snapshot call of each run; every run is a fresh process, so it pays for "
+    "starting the writer (I/O thread or checkpoint daemon) and allocating staging buffers",
+    "later_call": "median over the 2nd..Nth calls of all runs (warm, pooled buffers for snapshotkit)",
+    "slowdown_excl_blocked": "(loop - time in snapshot calls - time waiting for the previous snapshot) / "
+    "median no-snapshot loop - 1, from medians over repeats",
+    "write_s": "from a call's return until its write was seen complete (checked after every step, so "
+    "resolution is one step) or until wait() returned",
+    "in_flight": "steps after which the last snapshot was not done yet",
+    "cpu": "main_thread_cpu_s = trainer thread CPU time over the loop; process_cpu_s includes "
+    "snapshotkit/DCP writer threads; writer_process_cpu_s = the checkpoint daemon (process executor)",
+    "dcp": "torch.distributed.checkpoint.async_save works without a process group in this torch "
+    "(no_dist=True; without it it warns and proceeds single-process). Its PROCESS executor needs an "
+    "initialized process group and is not measured",
+}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument(
-        "--out", default=None, help="JSON result file (default: benchmarks/results/bench_async-<date>.json)"
-    )
+def parse_args(argv: list[str] | None = None) -> Any:
+    ap = cli.BenchParser(__doc__)
+    ap.add_out(stem="bench_async")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a new temp dir under /tmp)")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ",".join(MODES))
+    ap.add_subset("--modes", MODES)
     ap.add_argument(
         "--repeats", type=int, default=5, help="runs per mode; the median is reported (default 5: VMs drift)"
     )
-    ap.add_argument("--state-bytes", type=C.parse_size, default=C.GiB, help="big state total (default 1GiB)")
-    ap.add_argument("--tensor-bytes", type=C.parse_size, default=64 * C.MiB, help="big tensor size (default 64MiB)")
+    ap.add_argument("--state-bytes", type=cli.parse_size, default=cli.GiB, help="big state total (default 1GiB)")
+    ap.add_argument("--tensor-bytes", type=cli.parse_size, default=64 * cli.MiB, help="big tensor size (default 64MiB)")
     ap.add_argument("--in-features", type=int, default=256, help="MLP input width (default 256)")
     ap.add_argument("--hidden", type=int, default=1024, help="MLP hidden width (default 1024)")
     ap.add_argument("--layers", type=int, default=2, help="MLP hidden layers (default 2)")
@@ -1023,7 +899,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup-steps", type=int, default=20, help="untimed steps before the loop (20)")
     ap.add_argument("--memcpy-iters", type=int, default=5, help="copies per memcpy run (5)")
     ap.add_argument(
-        "--memory-budget-bytes", type=C.parse_size, default=None, help="snapshotkit budget (default: its own)"
+        "--memory-budget-bytes", type=cli.parse_size, default=None, help="snapshotkit budget (default: its own)"
     )
     ap.add_argument(
         "--writer-nice",
@@ -1033,33 +909,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "snapshot call (default 0: untouched)",
     )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="smoke-test sizes: 32 MiB state, tiny MLP, 60 steps, 1 repeat")
-    ap.add_argument("--no-verify", action="store_true", help="skip restoring and checking the last snapshot")
-    ap.add_argument(
-        "--launcher",
-        choices=("subprocess", "forkserver"),
-        default=None,
-        help="how each run's fresh process starts (default: subprocess; forkserver with --quick)",
+    ap.add_quick(
+        "smoke-test sizes: 32 MiB state, tiny MLP, 60 steps, 1 repeat",
+        state_bytes=32 * cli.MiB,
+        tensor_bytes=4 * cli.MiB,
+        in_features=64,
+        hidden=128,
+        layers=2,
+        batch=32,
+        steps=lambda steps: steps or 60,
+        snapshots=2,
+        every=0,
+        repeats=1,
+        warmup_steps=5,
+        memcpy_iters=2,
     )
-    ap.add_argument("--op-timeout", type=float, default=1800.0, help="seconds per run before it is killed")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child is not None:
-        return args
+    ap.add_argument("--no-verify", action="store_true", help="skip restoring and checking the last snapshot")
+    ap.add_launcher(default=None, timeout=1800.0, unit="run", default_note="subprocess; forkserver with --quick")
+    args = ap.parse(argv)
     args.launcher = args.launcher or ("forkserver" if args.quick else "subprocess")
-    if args.quick:
-        args.state_bytes, args.tensor_bytes = 32 * C.MiB, 4 * C.MiB
-        args.in_features, args.hidden, args.layers, args.batch = 64, 128, 2, 32
-        args.steps, args.snapshots, args.every, args.repeats = args.steps or 60, 2, 0, 1
-        args.warmup_steps, args.memcpy_iters = 5, 2
-    chosen = [s.strip() for s in args.modes.split(",") if s.strip()]
-    bad = sorted(set(chosen) - set(MODES))
-    if bad or not chosen:
-        ap.error(f"--modes: unknown or empty selection {bad}; choose from {','.join(MODES)}")
-    args.modes = [m for m in MODES if m in chosen]
-    if args.repeats < 1:
-        ap.error("--repeats must be >= 1")
     if args.snapshots < 1:
         ap.error("--snapshots must be >= 1")
     if args.tensor_bytes < 4096 or args.tensor_bytes % 4096 or args.state_bytes % args.tensor_bytes:
@@ -1071,26 +939,64 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_repeats(
+    launcher: launch.Launcher, args: Any, cfg: Record, scratch: Path, available: dict[str, str | None]
+) -> tuple[list[Record], dict[str, list[Record]]]:
+    """Every repeat: a memcpy run, then a run of every available mode (fresh processes all)."""
+    memcpy_runs: list[Record] = []
+    runs: dict[str, list[Record]] = {m: [] for m in args.modes}
+    for rep in range(args.repeats):
+        base = {"cfg": cfg, "verify": not args.no_verify}
+        rec = {**launcher.run({**base, "op": "memcpy"}), "repeat": rep}
+        memcpy_runs.append(rec)
+        R.progress(f"[{rep + 1}/{args.repeats}] memcpy: {R.status(rec, _memcpy_status)}")
+        order = args.modes[rep % len(args.modes) :] + args.modes[: rep % len(args.modes)]  # rotate against drift
+        for mode in order:
+            if available[mode]:
+                continue
+            workdir = scratch / f"{mode}-{rep}"
+            try:
+                rec = {**launcher.run({**base, "op": "train", "mode": mode, "workdir": str(workdir)}), "repeat": rep}
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            runs[mode].append(rec)
+            R.progress(f"[{rep + 1}/{args.repeats}] {mode}: {R.status(rec, _train_status)}")
+    return memcpy_runs, runs
+
+
+def _memcpy_status(rec: Record) -> str:
+    return f"{rec['prealloc_median_s']:.3f} s"
+
+
+def _train_status(rec: Record) -> str:
+    calls = [round(c["call_s"], 3) for c in rec["calls"]]
+    return (
+        f"loop {rec['loop_s']:.2f} s, blocked {rec['blocked_call_s']:.2f}+{rec['blocked_wait_s']:.2f} s, calls {calls}"
+    )
+
+
+# The flags a run's fresh process is handed (in the report's config too).
+CFG_FLAGS = (
+    "state_bytes",
+    "tensor_bytes",
+    "in_features",
+    "hidden",
+    "layers",
+    "batch",
+    "seed",
+    "warmup_steps",
+    "memcpy_iters",
+    "memory_budget_bytes",
+    "snapshots",
+    "writer_nice",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.child is not None:
-        child_entry(args.child, args.result_file)
+    if launch.serve_child(args, run_child):
         return 0
-    cfg: dict[str, Any] = {
-        "state_bytes": args.state_bytes,
-        "tensor_bytes": args.tensor_bytes,
-        "in_features": args.in_features,
-        "hidden": args.hidden,
-        "layers": args.layers,
-        "batch": args.batch,
-        "seed": args.seed,
-        "warmup_steps": args.warmup_steps,
-        "memcpy_iters": args.memcpy_iters,
-        "memory_budget_bytes": args.memory_budget_bytes,
-        "snapshots": args.snapshots,
-        "writer_nice": args.writer_nice,
-        "calibrated_step_s": None,
-    }
+    cfg: Record = {**{k: getattr(args, k) for k in CFG_FLAGS}, "calibrated_step_s": None}
     steps = args.steps
     if not steps:
         cfg["calibrated_step_s"] = calibrate(cfg)
@@ -1100,86 +1006,21 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_async.py: error: too few steps for the snapshots asked for", file=sys.stderr)
         return 2
     cfg.update(steps=steps, every=every)
-    if args.dir:
-        Path(args.dir).mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="snapshotkit-bench-async-", dir=args.dir or "/tmp"))
-    out = Path(args.out) if args.out else default_out()
-    available = {m: check_available(m) for m in args.modes}
-    report: dict[str, Any] = {
-        "benchmark": "bench_async",
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "config": {
-            **cfg,
-            "repeats": args.repeats,
-            "modes": args.modes,
-            "scratch_dir": str(scratch),
-            "snapshotkit_env": {k: v for k, v in os.environ.items() if k.startswith("SNAPSHOTKIT_")},
-            "quick": args.quick,
-        },
-        "machine": C.machine_facts(str(scratch)),
-        "activity": {"start": other_activity()},
-        "notes": {
-            "memcpy": "Tensor.copy_ of every staged tensor (big state + model + Adam state) on one torch thread, "
-            "into pre-allocated tensors touched beforehand (prealloc: the ratio's baseline) or into fresh "
-            "empty_like tensors (fresh: page faults included); median over all copies of all repeats",
-            "first_call": "the first snapshot call of each run; every run is a fresh process, so it pays for "
-            "starting the writer (I/O thread or checkpoint daemon) and allocating staging buffers",
-            "later_call": "median over the 2nd..Nth calls of all runs (warm, pooled buffers for snapshotkit)",
-            "slowdown_excl_blocked": "(loop - time in snapshot calls - time waiting for the previous snapshot) / "
-            "median no-snapshot loop - 1, from medians over repeats",
-            "write_s": "from a call's return until its write was seen complete (checked after every step, so "
-            "resolution is one step) or until wait() returned",
-            "in_flight": "steps after which the last snapshot was not done yet",
-            "cpu": "main_thread_cpu_s = trainer thread CPU time over the loop; process_cpu_s includes "
-            "snapshotkit/DCP writer threads; writer_process_cpu_s = the checkpoint daemon (process executor)",
-            "dcp": "torch.distributed.checkpoint.async_save works without a process group in this torch "
-            "(no_dist=True; without it it warns and proceeds single-process). Its PROCESS executor needs an "
-            "initialized process group and is not measured",
-        },
-        "results": {},
-    }
-    print(
-        f"steps {steps}, snapshot every {every} (calibrated step {_ms(cfg['calibrated_step_s'])} ms); "
-        f"modes {','.join(args.modes)}; {args.repeats} repeat(s); scratch {scratch}",
-        file=sys.stderr,
-        flush=True,
-    )
-    result_file = str(scratch / "op_result.json")
-    launcher = C.Launcher(
-        args.launcher, args.op_timeout, script=Path(__file__).resolve(), entry=forked_child_entry, preload=PRELOAD
-    )
-    memcpy_runs: list[dict[str, Any]] = []
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.modes}
-    try:
-        for rep in range(args.repeats):
-            base = {"cfg": cfg, "verify": not args.no_verify}
-            rec = launcher.run({**base, "op": "memcpy"}, result_file)
-            rec["repeat"] = rep
-            memcpy_runs.append(rec)
-            status = f"{rec['prealloc_median_s']:.3f} s" if rec.get("ok") else f"FAILED: {rec.get('error')}"
-            print(f"[{rep + 1}/{args.repeats}] memcpy: {status}", file=sys.stderr, flush=True)
-            order = args.modes[rep % len(args.modes) :] + args.modes[: rep % len(args.modes)]  # rotate against drift
-            for mode in order:
-                if available[mode]:
-                    continue
-                workdir = scratch / f"{mode}-{rep}"
-                spec = {**base, "op": "train", "mode": mode, "workdir": str(workdir)}
-                try:
-                    rec = launcher.run(spec, result_file)
-                finally:
-                    shutil.rmtree(workdir, ignore_errors=True)
-                rec["repeat"] = rep
-                runs[mode].append(rec)
-                if rec.get("ok"):
-                    status = (
-                        f"loop {rec['loop_s']:.2f} s, blocked {rec['blocked_call_s']:.2f}+{rec['blocked_wait_s']:.2f}"
-                        f" s, calls {[round(c['call_s'], 3) for c in rec['calls']]}"
-                    )
-                else:
-                    status = f"FAILED: {str(rec.get('error'))[:300]}"
-                print(f"[{rep + 1}/{args.repeats}] {mode}: {status}", file=sys.stderr, flush=True)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    available = {m: W.unavailable(_NEEDS[m]) for m in args.modes}
+    with cli.scratch_dir(args.dir, "snapshotkit-bench-async-") as scratch:
+        config = {**cfg, "repeats": args.repeats, "modes": args.modes, "scratch_dir": str(scratch)}
+        config.update(snapshotkit_env=R.snapshotkit_env(), quick=args.quick)
+        report = R.new_report(
+            "bench_async", scratch, config=config, activity={"start": R.other_activity()}, notes=NOTES
+        )
+        R.progress(
+            f"steps {steps}, snapshot every {every} (calibrated step {R.fmt_ms(cfg['calibrated_step_s'])} ms); "
+            f"modes {','.join(args.modes)}; {args.repeats} repeat(s); scratch {scratch}"
+        )
+        launcher = launch.Launcher(
+            args.launcher, args.op_timeout, run=run_child, workdir=scratch, script=__file__, preload=PRELOAD
+        )
+        memcpy_runs, runs = run_repeats(launcher, args, cfg, scratch, available)
     report["memcpy"] = summarize_memcpy(memcpy_runs)
     report["results"] = {
         m: ({"skipped": available[m]} if available[m] else summarize_mode(runs[m])) for m in args.modes
@@ -1188,12 +1029,8 @@ def main(argv: list[str] | None = None) -> int:
         (s["staged_bytes"] for s in report["results"].values() if s.get("staged_bytes")), report["memcpy"].get("bytes")
     )
     report["ratios"] = compute_ratios(report["results"], report["memcpy"])
-    report["activity"]["end"] = other_activity()
-    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(render(report))
-    print(f"\nJSON written to {out}")
+    report["activity"]["end"] = R.other_activity()
+    R.write_report(report, args.out, render(report))
     failed = [m for m in args.modes if not available[m] and report["results"][m].get("n_ok", 0) < args.repeats]
     return 1 if failed or not report["memcpy"].get("n_ok") else 0
 

@@ -33,56 +33,43 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
 import os
 import shutil
-import socket
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _harness, also when imported by a test
 
-import _common as C
+from _harness import Record, cli, launch
+from _harness import measure as M
+from _harness import report as R
 
-LAYER_BYTES = 64 * C.MiB
+LAYER_BYTES = 64 * cli.MiB
+# Rank processes are forked from a server that has these imported, one gloo group per run.
+PRELOAD = ["torch", "torch.distributed", "snapshotkit"]
+RANKS_TIMEOUT_S = 3600.0
 
 
 # --------------------------------------------------------------------------- launching ranks
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _rank_entry(rank: int, world: int, port: int, out_dir: str, part: str, args: dict[str, Any]) -> None:
+def _rank_main(spec: Record) -> Record:
     import torch
-    import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
-    try:
-        result = PARTS[part](rank, world, args)
-    finally:
-        dist.destroy_process_group()
-    Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
+    with launch.process_group(spec):
+        return PARTS[spec["part"]](spec["rank"], spec["world"], spec)
 
 
-def run_ranks(world: int, part: str, args: dict[str, Any]) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(
-            _rank_entry, args=(world, _free_port(), out_dir, part, args), nprocs=world, start_method="forkserver"
-        )
-        return [json.loads(Path(out_dir, f"{r}.json").read_text()) for r in range(world)]
+def run_ranks(launcher: launch.Launcher, world: int, part: str, args: Record) -> list[Record]:
+    """``part`` on ``world`` ranks, each rank's result; raises if any rank failed."""
+    results = launcher.run_ranks({**args, "part": part}, world)
+    failed = [r for r in results if r.get("ok") is False]
+    if failed:
+        raise RuntimeError(f"{part} on {world} ranks: {failed[0]['error']}\n{failed[0].get('traceback', '')}")
+    return results
 
 
 # --------------------------------------------------------------------------- replicated
@@ -98,7 +85,7 @@ def _model(model_bytes: int) -> Any:
         return torch.nn.Sequential(*(torch.nn.Linear(side, side, bias=False) for _ in range(layers)))
 
 
-def _replicated_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+def _replicated_rank(rank: int, world: int, args: Record) -> Record:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -106,26 +93,27 @@ def _replicated_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, A
 
     model = DistributedDataParallel(_model(args["model_bytes"]))
     dist.barrier()
-    started = time.perf_counter()
-    Snapshot.take(args["path"], {"model": model}, memory_budget_bytes=args["budget"])
-    elapsed = time.perf_counter() - started
+    with M.Measure() as take:
+        Snapshot.take(args["path"], {"model": model}, memory_budget_bytes=args["budget"])
     dist.barrier()
-    return {"seconds": elapsed}
+    return {"seconds": take.time_s}
 
 
 def _single_take(path: str, model_bytes: int, budget: int) -> float:
     from snapshotkit import Snapshot
 
     model = _model(model_bytes)
-    started = time.perf_counter()
-    Snapshot.take(path, {"model": model}, memory_budget_bytes=budget)
-    return time.perf_counter() - started
+    with M.Measure() as take:
+        Snapshot.take(path, {"model": model}, memory_budget_bytes=budget)
+    return take.time_s
 
 
-def part_replicated(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+def part_replicated(args: argparse.Namespace, scratch: Path, launcher: launch.Launcher) -> Record:
     model_bytes = int(args.model_bytes)
     path = str(scratch / "replicated")
-    results = run_ranks(args.ranks, "replicated", {"path": path, "model_bytes": model_bytes, "budget": args.budget})
+    results = run_ranks(
+        launcher, args.ranks, "replicated", {"path": path, "model_bytes": model_bytes, "budget": args.budget}
+    )
     per_rank = dict.fromkeys(range(args.ranks), 0)
     for name in os.listdir(Path(path, "data")):
         per_rank[int(name.split("_")[0])] += os.path.getsize(Path(path, "data", name))
@@ -156,7 +144,7 @@ def _dtensor_shape(nbytes: int) -> tuple[int, int]:
     return (max(8, nbytes // (4 * cols)), cols)
 
 
-def _reshard_take(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+def _reshard_take(rank: int, world: int, args: Record) -> Record:
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -173,7 +161,7 @@ def _reshard_take(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]
     return {}
 
 
-def _reshard_restore(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+def _reshard_restore(rank: int, world: int, args: Record) -> Record:
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -186,22 +174,22 @@ def _reshard_restore(rank: int, world: int, args: dict[str, Any]) -> dict[str, A
     table = distribute_tensor(torch.empty(rows, cols), mesh, [placement])
     needed = table.to_local().numel() * 4
     os.sync()
-    before = C.proc_io()
-    started = time.perf_counter()
-    Snapshot(args["path"]).restore({"t": StateDict(w=table)}, memory_budget_bytes=args["budget"])
-    elapsed = time.perf_counter() - started
-    after = C.proc_io()
-    return {"needed_bytes": needed, "read_bytes": after["rchar"] - before["rchar"], "seconds": elapsed}
+    with M.Measure(io=True) as restore:
+        Snapshot(args["path"]).restore({"t": StateDict(w=table)}, memory_budget_bytes=args["budget"])
+    return {"needed_bytes": needed, "read_bytes": restore.io_delta["rchar"], "seconds": restore.time_s}
 
 
-def part_reshard(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+def part_reshard(args: argparse.Namespace, scratch: Path, launcher: launch.Launcher) -> Record:
     shape = _dtensor_shape(int(args.dtensor_bytes))
     path = str(scratch / "dtensor")
-    run_ranks(args.ranks, "reshard_take", {"path": path, "shape": shape, "budget": args.budget})
-    out: dict[str, Any] = {"shape": shape, "saved_ranks": args.ranks, "restored_ranks": args.ranks // 2}
+    run_ranks(launcher, args.ranks, "reshard_take", {"path": path, "shape": shape, "budget": args.budget})
+    out: Record = {"shape": shape, "saved_ranks": args.ranks, "restored_ranks": args.ranks // 2}
     for dim in (0, 1):
         results = run_ranks(
-            args.ranks // 2, "reshard_restore", {"path": path, "shape": shape, "dim": dim, "budget": args.budget}
+            launcher,
+            args.ranks // 2,
+            "reshard_restore",
+            {"path": path, "shape": shape, "dim": dim, "budget": args.budget},
         )
         out[f"shard{dim}"] = {
             "per_rank": results,
@@ -235,7 +223,7 @@ def _simulated(ranks: int, entries: int) -> tuple[list[Any], list[Any]]:
     return infos, results
 
 
-def part_planning(args: argparse.Namespace) -> dict[str, Any]:
+def part_planning(args: argparse.Namespace) -> Record:
     from snapshotkit._plan.decide import decide
     from snapshotkit._plan.merge import merge_results
     from snapshotkit.manifest import Piece
@@ -243,24 +231,22 @@ def part_planning(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for ranks in [int(r) for r in args.planning_ranks.split(",")]:
         infos, results = _simulated(ranks, args.planning_entries)
-        started = time.process_time()
-        decision = decide(infos, chunk_bytes=16 * C.MiB)
-        decided = time.process_time()
+        with M.Measure() as deciding:
+            decision = decide(infos, chunk_bytes=16 * cli.MiB)
         # every rank reports the pieces of replicated leaves it was given
         for key, owner in decision.owner.items():
             results[owner].shared[key] = Piece(f"data/{owner}_1", (0, 1), "crc32c:00000000")
-        merge_started = time.process_time()
-        manifest = merge_results(results, decision, {})
-        merged = time.process_time()
+        with M.Measure() as merging:
+            manifest = merge_results(results, decision, {})
         total_entries = ranks * args.planning_entries
         rows.append(
             {
                 "ranks": ranks,
                 "entries_per_rank": args.planning_entries,
                 "total_entries": total_entries,
-                "decide_seconds": decided - started,
-                "merge_seconds": merged - merge_started,
-                "total_seconds": (decided - started) + (merged - merge_started),
+                "decide_seconds": deciding.cpu_s,
+                "merge_seconds": merging.cpu_s,
+                "total_seconds": deciding.cpu_s + merging.cpu_s,
                 "manifest_entries": len(manifest),
             }
         )
@@ -273,61 +259,68 @@ def part_planning(args: argparse.Namespace) -> dict[str, Any]:
 PARTS = {"replicated": _replicated_rank, "reshard_take": _reshard_take, "reshard_restore": _reshard_restore}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="replicated,reshard,planning")
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--model-bytes", type=C.parse_size, default=C.GiB)
-    parser.add_argument("--dtensor-bytes", type=C.parse_size, default=C.GiB)
-    parser.add_argument("--budget", type=C.parse_size, default=256 * C.MiB)
-    parser.add_argument("--planning-ranks", default="64,256,1024")
-    parser.add_argument("--planning-entries", type=int, default=1000)
-    parser.add_argument("--scratch", default=None, help="directory for snapshots (default: a temp dir)")
-    parser.add_argument("--out", default=None, help="write the JSON report here")
-    args = parser.parse_args()
-    import multiprocessing
-
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "snapshotkit"])
-    parts = args.parts.split(",")
-    scratch = Path(tempfile.mkdtemp(prefix="bench-dist-", dir=args.scratch))
-    report: dict[str, Any] = {"machine": C.machine_facts(str(scratch)), "args": vars(args)}
-    try:
-        if "planning" in parts:
-            report["planning"] = part_planning(args)
-            print("planning (one core):")
-            for row in report["planning"]["rows"]:
-                print(
-                    f"  {row['ranks']:>5} ranks x {row['entries_per_rank']} entries: "
-                    f"decide {row['decide_seconds']:.3f} s"
-                    f" + merge {row['merge_seconds']:.3f} s = {row['total_seconds']:.3f} s"
-                    f" ({row['seconds_per_n_log_n'] * 1e9:.1f} ns per n log2 n)"
-                )
-        if "replicated" in parts:
-            r = report["replicated"] = part_replicated(args, scratch)
-            shares = ", ".join(f"{s:.1%}" for s in r["share_per_rank"])
-            print(
-                f"replicated DDP model {C.fmt_bytes(r['model_bytes'])} on {r['ranks']} ranks: wrote "
-                f"{C.fmt_bytes(r['written_bytes'])} ({r['written_over_model']:.4f}x the model), shares {shares}; "
-                f"take {r['take_seconds_multi_rank']:.2f} s vs one process {r['take_seconds_one_process']:.2f} s "
-                f"({r['multi_over_single']:.2f}x)"
+def render(report: Record) -> str:
+    lines = []
+    if "planning" in report:
+        lines.append("planning (one core):")
+        for row in report["planning"]["rows"]:
+            lines.append(
+                f"  {row['ranks']:>5} ranks x {row['entries_per_rank']} entries: "
+                f"decide {row['decide_seconds']:.3f} s"
+                f" + merge {row['merge_seconds']:.3f} s = {row['total_seconds']:.3f} s"
+                f" ({row['seconds_per_n_log_n'] * 1e9:.1f} ns per n log2 n)"
             )
-        if "reshard" in parts:
-            r = report["reshard"] = part_reshard(args, scratch)
-            for dim in (0, 1):
-                entry = r[f"shard{dim}"]
-                reads = ", ".join(
-                    f"{C.fmt_bytes(x['read_bytes'])}/{C.fmt_bytes(x['needed_bytes'])}" for x in entry["per_rank"]
-                )
-                print(
-                    f"reshard {r['saved_ranks']} -> {r['restored_ranks']} ranks, Shard(0) -> Shard({dim}): read/needed "
-                    f"per rank {reads}; max {entry['max_read_over_needed']:.3f}x"
-                )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.out}")
+    if "replicated" in report:
+        r = report["replicated"]
+        shares = ", ".join(f"{s:.1%}" for s in r["share_per_rank"])
+        lines.append(
+            f"replicated DDP model {R.fmt_bytes(r['model_bytes'])} on {r['ranks']} ranks: wrote "
+            f"{R.fmt_bytes(r['written_bytes'])} ({r['written_over_model']:.4f}x the model), shares {shares}; "
+            f"take {r['take_seconds_multi_rank']:.2f} s vs one process {r['take_seconds_one_process']:.2f} s "
+            f"({r['multi_over_single']:.2f}x)"
+        )
+    if "reshard" in report:
+        r = report["reshard"]
+        for dim in (0, 1):
+            entry = r[f"shard{dim}"]
+            reads = ", ".join(
+                f"{R.fmt_bytes(x['read_bytes'])}/{R.fmt_bytes(x['needed_bytes'])}" for x in entry["per_rank"]
+            )
+            lines.append(
+                f"reshard {r['saved_ranks']} -> {r['restored_ranks']} ranks, Shard(0) -> Shard({dim}): read/needed "
+                f"per rank {reads}; max {entry['max_read_over_needed']:.3f}x"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = cli.BenchParser(__doc__, full_doc=True)
+    ap.add_argument("--parts", default="replicated,reshard,planning")
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--model-bytes", type=cli.parse_size, default=cli.GiB)
+    ap.add_argument("--dtensor-bytes", type=cli.parse_size, default=cli.GiB)
+    ap.add_argument("--budget", type=cli.parse_size, default=256 * cli.MiB)
+    ap.add_argument("--planning-ranks", default="64,256,1024")
+    ap.add_argument("--planning-entries", type=int, default=1000)
+    ap.add_argument("--scratch", default=None, help="directory for snapshots (default: a temp dir)")
+    ap.add_out(help="write the JSON report here")
+    args = ap.parse(argv)
+    parts = args.parts.split(",")
+    with cli.scratch_dir(args.scratch, "bench-dist-") as scratch:
+        report = R.new_report("bench_dist", scratch, args=vars(args))
+        launcher = launch.Launcher("forkserver", RANKS_TIMEOUT_S, run=_rank_main, workdir=scratch, preload=PRELOAD)
+        for part, measure_part in (
+            ("planning", lambda: part_planning(args)),
+            ("replicated", lambda: part_replicated(args, scratch, launcher)),
+            ("reshard", lambda: part_reshard(args, scratch, launcher)),
+        ):
+            if part in parts:
+                with M.Measure() as took:
+                    report[part] = measure_part()
+                R.progress(f"[{part}] done in {took.time_s:.1f} s")
+    R.write_report(report, args.out, render(report))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

