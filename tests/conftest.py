@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# The helpers shared by test modules assert too: rewrite them like the tests, for readable failures.
+pytest.register_assert_rewrite("_snapshots")
+
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:

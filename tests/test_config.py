@@ -1,7 +1,15 @@
+"""``snapshotkit._config``: arguments beat ``SNAPSHOTKIT_*`` variables beat defaults; bad values are refused."""
+
 from __future__ import annotations
 
-import pytest
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+import pytest
+from _snapshots import make_app_state, take_basic
+
+from snapshotkit import Snapshot, StateDict
 from snapshotkit._config import Config, default_memory_budget_bytes
 from snapshotkit.errors import ConfigError
 
@@ -53,3 +61,58 @@ def test_background_niceness_default_environment_and_bounds() -> None:
     for bad in (-1, 20, True, 1.5):
         with pytest.raises(ConfigError, match="background_niceness must be an integer from 0 to 19"):
             Config(memory_budget_bytes=1 << 20, background_niceness=bad)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# bad configuration reaches every entry point as a ConfigError
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SNAPSHOTKIT_MEMORY_BUDGET_BYTES", "abc"),
+        ("SNAPSHOTKIT_MEMORY_BUDGET_BYTES", "-1"),
+        ("SNAPSHOTKIT_MEMORY_BUDGET_BYTES", "0"),
+        ("SNAPSHOTKIT_MEMORY_BUDGET_BYTES", "1.5GB"),
+        ("SNAPSHOTKIT_CHUNK_BYTES", "lots"),
+        ("SNAPSHOTKIT_DATA_OBJECT_BYTES", "0"),
+        ("SNAPSHOTKIT_IO_CONCURRENCY", "four"),
+        ("SNAPSHOTKIT_VERIFY_CHECKSUMS", "maybe"),
+    ],
+)
+def test_invalid_environment_variable_raises_config_error(
+    tmp_path: Path, clean_env: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    path = tmp_path / "snap"
+    take_basic(path)
+    clean_env.setenv(variable, value)
+
+    calls: list[Callable[[], Any]] = [
+        lambda: Snapshot.take(str(tmp_path / "other"), make_app_state()),
+        lambda: Snapshot(str(path)).restore({"extras": StateDict()}),
+        lambda: Snapshot(str(path)).read_object("extras/w"),
+    ]
+    for call in calls:
+        with pytest.raises(ConfigError) as info:
+            call()
+        exc = info.value
+        assert isinstance(exc, ValueError)
+        message = str(exc)
+        assert variable in message
+        assert repr(value) in message
+    assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize("budget", [0, -5, 1.5, "1024", True], ids=["zero", "negative", "float", "str", "bool"])
+def test_invalid_memory_budget_argument_raises_config_error(tmp_path: Path, budget: Any) -> None:
+    path = tmp_path / "snap"
+    take_basic(path)
+    with pytest.raises(ConfigError) as info:
+        Snapshot(str(path)).restore({"extras": StateDict()}, memory_budget_bytes=budget)
+    assert isinstance(info.value, ValueError)
+    assert "memory_budget_bytes" in str(info.value)
+    assert repr(budget) in str(info.value)
+    with pytest.raises(ConfigError):
+        Snapshot.take(str(tmp_path / "other"), make_app_state(), memory_budget_bytes=budget)
+    assert not (tmp_path / "other").exists()

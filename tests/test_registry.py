@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from _snapshots import make_app_state
 
-from snapshotkit import Snapshot, StateDict
+from snapshotkit import Snapshot, StateDict, errors
 from snapshotkit.errors import StorageError, UnknownStorageSchemeError
 from snapshotkit.storage import FSStoragePlugin, MemoryStoragePlugin, register_storage_plugin, url_to_storage_plugin
 from snapshotkit.storage._registry import _registered, split_uri
@@ -87,3 +88,17 @@ def test_entry_point_plugins_are_discovered(tmp_path: Path, entry_point_distribu
     assert str(tmp_path / "snap") in skplugin_demo.CREATED
     with pytest.raises(UnknownStorageSchemeError, match="demofs"):
         url_to_storage_plugin("other://x")
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_unknown_storage_scheme_raises_with_known_schemes(tmp_path: Path) -> None:
+    with pytest.raises(errors.UnknownStorageSchemeError) as info:
+        Snapshot.take("nosuchscheme://bucket/snap", make_app_state())
+    exc = info.value
+    assert isinstance(exc, ValueError)
+    assert isinstance(exc, errors.StorageError)
+    message = str(exc)
+    assert "'nosuchscheme'" in message
+    assert "file" in message
+    assert "memory" in message
+    assert "register_storage_plugin" in message

@@ -1,7 +1,7 @@
 """Build the golden snapshot of format version 1: ``python tests/golden/make_golden.py``.
 
 The snapshot in ``tests/golden/v1/basic`` is committed and must keep loading with every later
-snapshotkit (``tests/test_golden.py`` checks it value by value). Regenerate it only when this
+snapshotkit (``tests/format/test_golden_v1.py`` checks it value by value). Regenerate it only when this
 builder changes in a way the test needs; never to make a failing golden test pass.
 
 Every value is built without a random generator and with exactly representable numbers, so the

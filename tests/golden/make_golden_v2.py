@@ -3,7 +3,7 @@
 Two gloo ranks (forked, CPU) take ``tests/golden/v2/sharded``: a DTensor sharded over a 2-D
 mesh is not possible on 2 ranks, so it holds a ``Shard(0)`` DTensor (uneven: 5 rows over 2
 ranks), a ``Shard(1)``/``Replicate`` pair on a 1-D mesh, a replicated model (DDP), and rank-local
-state. Small chunks make multi-piece shards. Committed; ``tests/test_golden_v2.py`` must keep
+state. Small chunks make multi-piece shards. Committed; ``tests/format/test_golden_v2.py`` must keep
 reading it value for value. Regenerate only when this builder changes.
 """
 

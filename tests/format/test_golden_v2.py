@@ -19,7 +19,7 @@ import torch
 from snapshotkit import Snapshot, StateDict
 from snapshotkit.manifest import ShardedTensorEntry, TensorEntry
 
-GOLDEN = Path(__file__).resolve().parent / "golden" / "v2" / "sharded"
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "v2" / "sharded"
 
 
 def _expected() -> dict[str, Any]:

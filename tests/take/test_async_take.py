@@ -26,7 +26,7 @@ from snapshotkit.errors import (
     WaitTimeoutError,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
 import _storage_doubles
 
 _storage_doubles.register()
@@ -252,7 +252,7 @@ def test_interpreter_exit_with_a_pending_snapshot_finishes_it(tmp_path: Path, ex
     script = textwrap.dedent(
         f"""
         import sys, torch
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
         import _storage_doubles
         _storage_doubles.register()
         from snapshotkit import Snapshot, StateDict
@@ -275,7 +275,7 @@ def test_interpreter_killed_with_a_pending_snapshot_leaves_nothing_that_opens(tm
     script = textwrap.dedent(
         f"""
         import os, signal, sys, torch
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
         import _storage_doubles
         _storage_doubles.register()
         from snapshotkit import Snapshot, StateDict
@@ -294,7 +294,7 @@ def test_interpreter_killed_with_a_pending_snapshot_leaves_nothing_that_opens(tm
 
 
 def _ranked(rank: int, world: int, path: str, executor: str, fail_rank: int) -> str:
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import _storage_doubles as doubles
 
     doubles.register()

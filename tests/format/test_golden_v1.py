@@ -22,7 +22,7 @@ import yaml
 from snapshotkit import Snapshot, StateDict
 from snapshotkit.manifest import ObjectEntry, PrimitiveEntry, TensorEntry
 
-GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 BASIC = GOLDEN_DIR / "v1" / "basic"
 
 

@@ -1,0 +1,107 @@
+"""Helpers shared by the test modules: a small app_state, taking it, and poking at the files of a snapshot.
+
+``tests/`` is on ``sys.path`` (pytest's rootdir insertion), so any test module can
+``from _snapshots import ...``; ``tests/conftest.py`` registers it for assertion rewriting.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from snapshotkit import Snapshot, StateDict
+from snapshotkit.errors import SnapshotNotFoundError
+
+MANIFEST = ".snapshot_metadata"
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer1 = torch.nn.Linear(3, 2)
+        with torch.no_grad():
+            self.layer1.weight.copy_(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+            self.layer1.bias.copy_(torch.tensor([-1.0, 1.0]))
+
+
+class Opaque:
+    """A user class: storable with pickle, refused by ``weights_only=True`` loading."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+class ExplodingState:
+    """A Stateful whose ``state_dict()`` fails."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def state_dict(self) -> dict[str, Any]:
+        raise self.exc
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # pragma: no cover - never reached
+        pass
+
+
+def make_app_state() -> dict[str, Any]:
+    return {
+        "model": Net(),
+        "extras": StateDict(step=3, w=torch.arange(8, dtype=torch.float32), name="run", history=[0.5, 0.25]),
+    }
+
+
+def take_basic(path: Path) -> Snapshot:
+    return Snapshot.take(str(path), make_app_state())
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    """Every file below ``root`` (relative POSIX path -> bytes); ``{}`` when root is absent."""
+    if not root.exists():
+        return {}
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def data_objects(root: Path) -> list[str]:
+    return sorted(name for name in files_of(root) if name.startswith("data/"))
+
+
+def piece_of(snapshot_dir: Path, logical_path: str) -> tuple[Path, int, int]:
+    """The data object file and byte range of the first piece of ``logical_path``."""
+    entry = Snapshot(str(snapshot_dir)).get_manifest()[f"0/{logical_path}"]
+    piece = entry.pieces[0] if hasattr(entry, "pieces") else entry.piece
+    start, end = piece.byte_range
+    return snapshot_dir / piece.location, start, end
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def load_manifest_json(snapshot_dir: Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((snapshot_dir / MANIFEST).read_text())
+    return document
+
+
+def write_manifest_json(snapshot_dir: Path, document: Any) -> None:
+    (snapshot_dir / MANIFEST).write_text(json.dumps(document))
+
+
+def assert_not_quoted(exc: BaseException) -> None:
+    text = str(exc)
+    assert text, "the error has no message"
+    assert text[0] not in "'\"", f"str(exc) is wrapped in quotes: {text}"
+
+
+def assert_nothing_committed(path: Path) -> None:
+    """No snapshot opens at ``path`` and no file was left there."""
+    with pytest.raises(SnapshotNotFoundError) as info:
+        _ = Snapshot(str(path)).metadata
+    assert type(info.value) is SnapshotNotFoundError, f"leftovers at {path}: {info.value}"
+    assert files_of(path) == {}
