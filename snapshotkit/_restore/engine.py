@@ -17,7 +17,7 @@ from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME, Entry, TensorEntry
 from snapshotkit._plan.flatten import inflate
 from snapshotkit._restore.fetch import read_pieces
-from snapshotkit._restore.load import LeafLoader, describe_mismatch, tensor_matches
+from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
 from snapshotkit._restore.plan import close_matches, missing_key_hint, plan_restore, rank_view, subtree
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.gc import gc_paused

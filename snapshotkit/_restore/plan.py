@@ -15,7 +15,7 @@ import torch
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import DictEntry, Entry, ListEntry, TensorEntry, is_shared
 from snapshotkit._plan.flatten import escape_key, flatten, inflate, join_path
-from snapshotkit._restore.load import LeafLoader, describe_mismatch, tensor_matches
+from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
 from snapshotkit.errors import LogicalPathNotFoundError, StateMismatchError
 from snapshotkit.stateful import RNGState, Stateful
 

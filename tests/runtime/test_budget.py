@@ -10,7 +10,7 @@ from plan._layouts import plan_layout
 from snapshotkit import Snapshot, StateDict
 from snapshotkit._plan.leaves import Payload
 from snapshotkit._restore.fetch import read_pieces
-from snapshotkit._restore.load import LeafLoader
+from snapshotkit._restore.place import LeafLoader
 from snapshotkit._restore.plan import rank_view
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._take.stage import staging_cost_bytes

@@ -1,4 +1,4 @@
-"""From manifest entries to values: choose destinations and the piece reads that fill them."""
+"""Place: from manifest entries to values, choosing destinations (in place where possible) and the piece reads that fill them."""
 
 from __future__ import annotations
 
