@@ -13,10 +13,12 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     ├── StateMismatchError             (ValueError)         shape/dtype differs (strict)
     ├── ManifestError                  (ValueError)         malformed manifest
     │   ├── UnsupportedFormatVersionError                   written by a newer snapshotkit
-    │   └── UnsafeLocationError                             location leaves the snapshot
+    │   ├── UnsafeLocationError                             location leaves the snapshot
+    │   └── ManifestIntegrityError     (also IntegrityError) manifest bytes fail their integrity check
     ├── IntegrityError                 (ValueError)         stored bytes are not what was written
     │   ├── ChecksumMismatchError                           checksum differs
     │   └── TruncatedDataError                              data object shorter than the manifest says
+    ├── RestoreMemoryError             (MemoryError)        a new tensor for a read does not fit in memory
     ├── UnsafeObjectError              (pickle.UnpicklingError) object refused by weights_only loading
     ├── UnsupportedValueError          (TypeError)          a leaf snapshotkit cannot store
     ├── ConfigError                    (ValueError)         bad argument or SNAPSHOTKIT_* variable
@@ -48,7 +50,9 @@ __all__ = [
     "InvalidAppStateError",
     "LogicalPathNotFoundError",
     "ManifestError",
+    "ManifestIntegrityError",
     "RankFailedError",
+    "RestoreMemoryError",
     "RetriesExhaustedError",
     "SnapshotExistsError",
     "SnapshotNotFoundError",
@@ -119,12 +123,20 @@ class IntegrityError(SnapshotkitError, ValueError):
     """Stored bytes differ from what the take wrote."""
 
 
+class ManifestIntegrityError(ManifestError, IntegrityError):
+    """The manifest's bytes fail its integrity check (damaged or edited after the take)."""
+
+
 class ChecksumMismatchError(IntegrityError):
     """The checksum of a stored piece differs from the manifest's."""
 
 
 class TruncatedDataError(IntegrityError):
     """A data object is shorter than the byte range the manifest records."""
+
+
+class RestoreMemoryError(SnapshotkitError, MemoryError):
+    """A value read from the snapshot does not fit in memory (restore it in place instead)."""
 
 
 class UnsafeObjectError(SnapshotkitError, pickle.UnpicklingError):

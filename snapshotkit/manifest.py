@@ -1,14 +1,20 @@
-"""The manifest: entry types and the ``.snapshot_metadata`` document (format versions 1 and 2).
+"""The manifest: entry types and the ``.snapshot_metadata`` document (format versions 1 to 3).
 
 The manifest maps ``"<rank>/<logical path>"`` to one entry per node of the flattened app
 state: containers (dict, ordered dict, list, tuple), inline primitives, tensors, sharded
 tensors and objects. Tensors and objects point at *pieces*: a byte range of a data object plus
 a checksum. ``docs/format.md`` is the normative description; the implementation lives in
 ``snapshotkit._format``.
+
+:func:`encode_document` and :func:`decode_document` are the one codec for the raw document
+(a JSON object): they add and verify the integrity line every manifest carries from format
+version 3, and parse strictly, without semantic validation. Tools use them to read or write a
+manifest that passes the check; :meth:`SnapshotMetadata.from_text` adds the validation.
 """
 
 from __future__ import annotations
 
+from snapshotkit._format.codec import decode_document, encode_document
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import (
     FORMAT_NAME,
@@ -42,5 +48,7 @@ __all__ = [
     "SnapshotMetadata",
     "TensorEntry",
     "TupleEntry",
+    "decode_document",
+    "encode_document",
     "validate_location",
 ]

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-import json
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import torch
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit.errors import SnapshotNotFoundError
+from snapshotkit.manifest import decode_document, encode_document
 
 MANIFEST = ".snapshot_metadata"
 
@@ -85,12 +86,23 @@ def flip_byte(path: Path, offset: int) -> None:
 
 
 def load_manifest_json(snapshot_dir: Path) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads((snapshot_dir / MANIFEST).read_text())
-    return document
+    """The raw manifest document, its integrity line verified and removed."""
+    return decode_document((snapshot_dir / MANIFEST).read_bytes())
 
 
 def write_manifest_json(snapshot_dir: Path, document: Any) -> None:
-    (snapshot_dir / MANIFEST).write_text(json.dumps(document))
+    """Write ``document`` as the manifest with a valid integrity line (the public codec)."""
+    (snapshot_dir / MANIFEST).write_bytes(encode_document(document))
+
+
+def reseal_manifest(snapshot_dir: Path) -> None:
+    """Recompute the integrity line of an edited manifest, following docs/format.md 2.1 alone:
+    the first line is ``{"integrity": "sha256:<hex>",`` and the digest covers every byte after it."""
+    data = (snapshot_dir / MANIFEST).read_bytes()
+    first, newline, body = data.partition(b"\n")
+    assert first.startswith(b'{"integrity": "sha256:') and newline
+    digest = hashlib.sha256(body).hexdigest().encode()
+    (snapshot_dir / MANIFEST).write_bytes(b'{"integrity": "sha256:' + digest + b'",\n' + body)
 
 
 def assert_not_quoted(exc: BaseException) -> None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
+from snapshotkit._format.codec import INTEGRITY_SINCE, decode_document, seal
+from snapshotkit._format.dtypes import DTYPE_NAME, MAX_NUMEL, RAW_ITEMSIZE
 from snapshotkit._format.entries import (
     _COMPACT_JSON,
     _KIND_SINCE,
@@ -13,6 +16,7 @@ from snapshotkit._format.entries import (
     FORMAT_NAME,
     FORMAT_VERSION,
     Entry,
+    ShardedTensorEntry,
     TensorEntry,
     _fail,
     _field,
@@ -49,7 +53,15 @@ class SnapshotMetadata:
         return self.snapshotkit_version
 
     def to_json_text(self) -> str:
-        """The manifest document as JSON text (valid YAML), one entry per line."""
+        """The manifest document as JSON text, one entry per line, as a take writes it.
+
+        From format version 3 the text begins with its integrity line (``docs/format.md``
+        section 2.1); :meth:`to_bytes` is the same text as UTF-8.
+        """
+        return self.to_bytes().decode("utf-8")
+
+    def to_bytes(self) -> bytes:
+        """The manifest document as the UTF-8 bytes a take writes to ``.snapshot_metadata``."""
         head = {
             "format": FORMAT_NAME,
             "format_version": self.format_version,
@@ -72,21 +84,21 @@ class SnapshotMetadata:
         else:
             lines.append('"manifest": {}')
         lines.append("}")
-        return "\n".join(lines) + "\n"
+        text = "\n".join(lines) + "\n"
+        if self.format_version < INTEGRITY_SINCE:
+            return text.encode("utf-8")
+        return seal(text.removeprefix("{\n").encode("utf-8"))
 
     @classmethod
     def from_text(cls, text: str | bytes) -> SnapshotMetadata:
-        """Parse a manifest document: JSON, or any YAML a human may have rewritten it as."""
-        try:
-            document = json.loads(text, object_pairs_hook=_unique_members)
-        except _DuplicateMemberError as exc:
-            raise ManifestError(
-                f"the manifest names {exc.args[0]!r} more than once; it is corrupt or was edited by hand"
-            ) from None
-        except ValueError:
-            document = _load_yaml(text)
-        if not isinstance(document, dict):
-            raise ManifestError("the manifest is not a mapping; the file is corrupt or not a snapshotkit manifest")
+        """Verify and decode a manifest document (``.snapshot_metadata`` bytes or text).
+
+        Raises:
+            ManifestIntegrityError: the manifest fails its integrity check.
+            UnsupportedFormatVersionError: a newer format version than this snapshotkit reads.
+            ManifestError: anything else malformed; the message names the entry.
+        """
+        document = decode_document(text.encode("utf-8") if isinstance(text, str) else text)
         if document.get("format") != FORMAT_NAME:
             raise ManifestError(
                 f"the manifest's format is {document.get('format')!r}, not {FORMAT_NAME!r}; "
@@ -115,7 +127,7 @@ class SnapshotMetadata:
         raw_manifest = _field("<header>", document, "manifest", dict)
         manifest: dict[str, Entry] = {}
         for key, raw in raw_manifest.items():
-            rank, slash, _ = key.partition("/")
+            rank, slash, _ = key.partition("/") if isinstance(key, str) else ("", "", "")
             if not slash or _RANK_TEXT.fullmatch(rank) is None or int(rank) >= head["world_size"]:
                 raise ManifestError(
                     f"manifest key {key!r} is not '<rank>/<logical path>' with rank < world_size {head['world_size']}"
@@ -127,31 +139,44 @@ class SnapshotMetadata:
                     f"entry kind {entry.kind!r} needs format version {_KIND_SINCE[entry.kind]}, "
                     f"the manifest says {version}",
                 )
+            if isinstance(entry, (TensorEntry, ShardedTensorEntry)):
+                _check_tensor(key, entry)
             manifest[key] = entry
         check_containers(manifest)
         return cls(format_version=version, manifest=manifest, **head)
 
 
-class _DuplicateMemberError(Exception):
-    pass
-
-
-def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    members = dict(pairs)
-    if len(members) != len(pairs):
-        seen: set[str] = set()
-        for name, _ in pairs:
-            if name in seen:
-                raise _DuplicateMemberError(name)
-            seen.add(name)
-    return members
-
-
-def _load_yaml(text: str | bytes) -> Any:
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
-    except yaml.YAMLError as exc:
-        raise ManifestError(f"the manifest is neither JSON nor YAML ({exc}); the file is corrupt") from None
+def _check_tensor(key: str, entry: TensorEntry | ShardedTensorEntry) -> None:
+    """Dtype, shape and byte counts of a tensor entry agree before any byte is read or allocated."""
+    if DTYPE_NAME.fullmatch(entry.dtype) is None:
+        raise _fail(key, f"dtype {entry.dtype!r} is not a torch dtype name")
+    numel = 1
+    for dim in entry.shape:
+        numel *= dim
+        if dim > MAX_NUMEL or numel > MAX_NUMEL:
+            raise _fail(key, f"shape {list(entry.shape)} has more elements than torch can index")
+    raw = isinstance(entry, ShardedTensorEntry) or entry.serializer == "raw"
+    if not raw:
+        return
+    itemsize = RAW_ITEMSIZE.get(entry.dtype)
+    if itemsize is None:
+        raise _fail(
+            key,
+            f"dtype {entry.dtype!r} cannot be stored raw (docs/format.md section 4.1 lists the raw dtypes); "
+            "the manifest is corrupt or crafted",
+        )
+    if isinstance(entry, TensorEntry):
+        blocks = [(numel, itemsize, entry.pieces)]
+    else:
+        blocks = [
+            (math.prod(shard.sizes), math.prod(shard.sizes[1:]) * itemsize, shard.pieces) for shard in entry.shards
+        ]
+    for count, unit, pieces in blocks:
+        total = sum(piece.nbytes for piece in pieces)
+        if total != count * itemsize:
+            raise _fail(
+                key,
+                f"pieces hold {total} bytes but {count} element(s) of dtype {entry.dtype} need {count * itemsize}",
+            )
+        if unit and any(piece.nbytes % unit for piece in pieces):
+            raise _fail(key, f"a piece's length is not a multiple of {unit} bytes (whole elements or rows)")

@@ -19,14 +19,16 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from snapshotkit._format.codec import INTEGRITY_SINCE
 from snapshotkit.errors import ManifestError, UnsafeLocationError
 
 #: Name of the manifest object; its presence is the commit marker of a snapshot.
 METADATA_FILENAME = ".snapshot_metadata"
 FORMAT_NAME = "snapshotkit"
 #: The newest format version this snapshotkit writes and reads. A take writes the oldest
-#: version that can express its manifest: 1 unless it holds sharded tensors (2).
-FORMAT_VERSION = 2
+#: version that can express its manifest with an integrity line: 3 (versions 1 and 2, without
+#: the integrity line, are still read).
+FORMAT_VERSION = 3
 #: Checksum algorithms a version-1 reader understands.
 CHECKSUM_ALGORITHMS = ("crc32c",)
 _CHECKSUM_TEXT = re.compile(r"crc32c:[0-9a-f]{8}")
@@ -56,7 +58,9 @@ def join_path(prefix: str, key: str | int) -> str:
 
 
 def _fail(key: str, message: str) -> ManifestError:
-    return ManifestError(f"malformed manifest entry {key!r}: {message}")
+    _, slash, logical_path = key.partition("/")
+    where = f"{key!r} (logical path {logical_path!r})" if slash and logical_path else repr(key)
+    return ManifestError(f"malformed manifest entry {where}: {message}")
 
 
 def validate_location(location: object) -> str:
@@ -121,7 +125,10 @@ class Piece:
     def from_json(cls, key: str, raw: object) -> Piece:
         if not isinstance(raw, dict):
             raise _fail(key, f"piece {raw!r} is not a mapping")
-        location = validate_location(raw.get("location"))
+        try:
+            location = validate_location(raw.get("location"))
+        except UnsafeLocationError as exc:
+            raise UnsafeLocationError(str(_fail(key, str(exc)))) from None
         byte_range = raw.get("byte_range")
         if (
             type(byte_range) is not list
@@ -432,8 +439,9 @@ def _field(key: str, raw: Mapping[str, Any], name: str, expected: type, default:
 
 
 def format_version_for(manifest: Mapping[str, Entry]) -> int:
-    """The oldest format version that can hold ``manifest``."""
-    return max((_KIND_SINCE.get(entry.kind, 1) for entry in manifest.values()), default=1)
+    """The format version a take writes for ``manifest``: the oldest that can hold it and has the
+    integrity line."""
+    return max([INTEGRITY_SINCE, *(_KIND_SINCE.get(entry.kind, 1) for entry in manifest.values())])
 
 
 def decode_entry(key: str, raw: object) -> Entry:
@@ -454,22 +462,33 @@ def is_shared(entry: Entry) -> bool:
 
 def check_containers(manifest: Mapping[str, Entry]) -> None:
     """Every child a container names must have an entry of its own, under the container's rank
-    or, for a replicated or sharded leaf, under rank 0."""
+    or, for a replicated or sharded leaf, under rank 0; and every entry below a top-level key
+    must be named by a container (an entry nothing reaches would be dropped silently)."""
+    reached: set[str] = set()
     for key, entry in manifest.items():
         if isinstance(entry, DictEntry):
             children = [join_path(key, k) for k in entry.keys]
         elif isinstance(entry, ListEntry):
+            if entry.length > len(manifest):  # each child needs an entry: refuse before building names
+                raise _fail(key, f"length {entry.length} exceeds the {len(manifest)} entries of the manifest")
             children = [join_path(key, i) for i in range(entry.length)]
         else:
             continue
         if len(set(children)) != len(children):
             raise ManifestError(f"malformed manifest entry {key!r}: two keys name the same child")
         for child in children:
-            if child not in manifest:
-                shared = manifest.get("0/" + child.split("/", 1)[1])
-                if shared is not None and is_shared(shared):
-                    continue
-                raise ManifestError(
-                    f"malformed manifest entry {key!r}: it names child {child!r}, which has no entry; "
-                    "the manifest is corrupt"
-                )
+            if child in manifest:
+                reached.add(child)
+                continue
+            shared_key = "0/" + child.split("/", 1)[1]
+            shared = manifest.get(shared_key)
+            if shared is not None and is_shared(shared):
+                reached.add(shared_key)
+                continue
+            raise ManifestError(
+                f"malformed manifest entry {key!r}: it names child {child!r}, which has no entry; "
+                "the manifest is corrupt"
+            )
+    for key in manifest:
+        if "/" in key.split("/", 1)[1] and key not in reached:
+            raise _fail(key, "no container names this entry; the manifest is corrupt")

@@ -17,14 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from snapshotkit._format.dtypes import RAW_ITEMSIZE
 from snapshotkit.errors import ManifestError, UnsafeObjectError
 
 #: dtype name (``str(dtype)`` without ``torch.``) -> dtype, for every dtype this torch has.
 _DTYPES_BY_NAME: dict[str, torch.dtype] = {
     str(value).removeprefix("torch."): value for value in vars(torch).values() if isinstance(value, torch.dtype)
 }
-
-_QUANTIZED_DTYPES = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
 
 #: Tensor classes whose storage is exactly their elements (``nn.Parameter`` is one).
 _PLAIN_TENSOR_TYPES: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
@@ -54,7 +53,7 @@ def tensor_serializer(tensor: torch.Tensor) -> str:
     if (
         type(tensor) in _PLAIN_TENSOR_TYPES
         and tensor.layout == torch.strided
-        and tensor.dtype not in _QUANTIZED_DTYPES
+        and dtype_name(tensor.dtype) in RAW_ITEMSIZE
         and not tensor.is_quantized
     ):
         return RAW

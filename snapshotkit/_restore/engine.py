@@ -16,7 +16,7 @@ from snapshotkit._dist import Group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME, Entry, TensorEntry
 from snapshotkit._plan.flatten import inflate
-from snapshotkit._restore.fetch import read_pieces
+from snapshotkit._restore.fetch import check_extents, read_pieces
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
 from snapshotkit._restore.plan import close_matches, missing_key_hint, plan_restore, rank_view, subtree
 from snapshotkit._runtime.budget import MemoryBudget
@@ -77,6 +77,8 @@ def _fetch(open_plugin: OpenPlugin, loader: LeafLoader, config: Config) -> None:
     async def run() -> None:
         plugin = open_plugin()
         try:
+            await check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency)
+            loader.allocate()
             await read_pieces(
                 plugin,
                 loader.reads,

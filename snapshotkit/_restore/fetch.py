@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from snapshotkit._format.checksum import crc32c, format_checksum, parse_checksum
 from snapshotkit._format.entries import Piece
@@ -19,7 +19,7 @@ from snapshotkit._plan.reads import RangeRequest, ReadBatch, plan_read_batches
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import gather_or_cancel, to_thread
 from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError
-from snapshotkit.storage import StoragePlugin
+from snapshotkit.storage import ByteRange, StoragePlugin
 
 #: Largest merged read; big enough to amortise requests, small enough to keep several in flight.
 MAX_BATCH_BYTES = 32 << 20
@@ -46,6 +46,20 @@ class PieceRead:
     itemsize: int = 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A piece the restore reads into memory it allocates itself (a new tensor or a buffer).
+
+    Before allocating, the engine proves the data object really holds the piece
+    (:func:`check_extents`), so a manifest cannot make a restore
+    allocate memory for bytes that do not exist.
+    """
+
+    logical_path: str
+    piece: Piece
+    fresh_tensor: bool
+
+
 def _verify(read: PieceRead, data: memoryview, running: int = 0, *, final: bool = True) -> int:
     value = crc32c(data, running)
     if final and value != parse_checksum(read.piece.checksum):
@@ -58,8 +72,8 @@ def _verify(read: PieceRead, data: memoryview, running: int = 0, *, final: bool 
     return value
 
 
-def _storage_failure(exc: BaseException, location: str, reads: Sequence[PieceRead]) -> IntegrityError:
-    paths = sorted({r.logical_path for r in reads})
+def _storage_failure(exc: BaseException, location: str, logical_paths: Iterable[str]) -> IntegrityError:
+    paths = sorted(set(logical_paths))
     shown = ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
     if isinstance(exc, FileNotFoundError):
         return IntegrityError(
@@ -103,7 +117,7 @@ async def _run_batch(
             async with io_slots:
                 await plugin.read_into(batch.location, batch.start, buffers)
         except (EOFError, FileNotFoundError) as exc:
-            raise _storage_failure(exc, batch.location, [reads[r.tag] for r in batch.requests]) from exc
+            raise _storage_failure(exc, batch.location, [reads[r.tag].logical_path for r in batch.requests]) from exc
 
         def finish() -> None:
             for read, data in targets:
@@ -132,7 +146,7 @@ async def _run_streamed(
                 async with io_slots:
                     await plugin.read_into(read.piece.location, offset, [data])
             except (EOFError, FileNotFoundError) as exc:
-                raise _storage_failure(exc, read.piece.location, [read]) from exc
+                raise _storage_failure(exc, read.piece.location, [read.logical_path]) from exc
 
             def finish(
                 data: memoryview = data, offset: int = offset, length: int = length, running: int = running
@@ -143,6 +157,35 @@ async def _run_streamed(
                 return value
 
             running = await to_thread(finish)
+
+
+async def check_extents(plugin: StoragePlugin, claims: Iterable[Claim], *, io_concurrency: int) -> None:
+    """Prove that every data object is as long as the claims on it say, reading one byte at the
+    furthest claimed end of each: a manifest cannot make a restore allocate memory for bytes
+    that are not there.
+
+    Raises:
+        TruncatedDataError: a data object ends before a claimed piece does.
+        IntegrityError: a claimed data object is missing.
+    """
+    furthest: dict[str, int] = {}
+    paths: dict[str, set[str]] = {}
+    for claim in claims:
+        location, end = claim.piece.location, claim.piece.byte_range[1]
+        furthest[location] = max(furthest.get(location, 0), end)
+        paths.setdefault(location, set()).add(claim.logical_path)
+    slots = asyncio.Semaphore(io_concurrency)
+
+    async def probe(location: str, end: int) -> None:
+        try:
+            async with slots:
+                data = await plugin.read(location, ByteRange(end - 1, end))
+        except (EOFError, FileNotFoundError) as exc:
+            raise _storage_failure(exc, location, paths[location]) from exc
+        if len(data) != 1:
+            raise _storage_failure(EOFError(f"byte {end - 1} is past the end"), location, paths[location])
+
+    await gather_or_cancel([probe(location, end) for location, end in furthest.items() if end > 0])
 
 
 async def read_pieces(

@@ -1,8 +1,9 @@
-"""Place: from manifest entries to values, choosing destinations (in place where possible) and the piece reads that fill them."""
+"""Place: from manifest entries to values: destinations (in place where possible) and the reads that fill them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -18,8 +19,8 @@ from snapshotkit._format.serialization import (
     tensor_from_bytes,
 )
 from snapshotkit._format.sharded import Box, box_slice, destination_boxes, overlap, piece_boxes
-from snapshotkit._restore.fetch import PieceRead
-from snapshotkit.errors import ManifestError, StateMismatchError
+from snapshotkit._restore.fetch import Claim, PieceRead
+from snapshotkit.errors import ManifestError, RestoreMemoryError, StateMismatchError
 
 
 def tensor_matches(entry: TensorEntry, value: object) -> bool:
@@ -57,6 +58,10 @@ class LeafLoader:
     def __init__(self, *, weights_only: bool) -> None:
         self.weights_only = weights_only
         self.reads: list[PieceRead] = []
+        #: Pieces read into memory the restore allocates; checked before :meth:`allocate`.
+        self.claims: list[Claim] = []
+        self._fresh_bytes = 0
+        self._allocations: list[Callable[[], None]] = []
         # Keys start with where the entry's first piece lives: entries that share it share all
         # their pieces (tied weights), since a take never overlaps the pieces of two payloads.
         self._fresh: dict[tuple[Any, ...], _Slot] = {}
@@ -80,8 +85,34 @@ class LeafLoader:
             return self._add_sharded(logical_path, entry, destination)
         raise ManifestError(f"{logical_path!r} is a {entry.kind}, not a leaf")
 
+    def allocate(self) -> None:
+        """Allocate the new tensors planned so far and add their reads to :attr:`reads`.
+
+        Call once the :attr:`claims` are proven (the engine checks them against the data objects'
+        real sizes); before that, planning allocates nothing a manifest could inflate.
+
+        Raises:
+            ManifestError: new tensors would take more bytes than the distinct stored ranges
+                they are read from (pieces reused across tensors of another dtype or shape).
+            RestoreMemoryError: torch cannot allocate a tensor of the recorded size.
+        """
+        stored = _union_bytes([claim.piece for claim in self.claims if claim.fresh_tensor])
+        if self._fresh_bytes > stored:
+            raise ManifestError(
+                f"the manifest asks for {self._fresh_bytes} bytes of new tensors read from {stored} stored bytes: "
+                "pieces are reused across tensors of another dtype or shape, which no take writes; "
+                "the manifest is corrupt or crafted"
+            )
+        allocations, self._allocations = self._allocations, []
+        for allocation in allocations:
+            allocation()
+
+    def _claim(self, logical_path: str, pieces: Iterable[Piece], *, fresh_tensor: bool) -> None:
+        self.claims.extend(Claim(logical_path, piece, fresh_tensor) for piece in pieces if piece.nbytes)
+
     def _add_blob(self, logical_path: str, piece: Piece, sink: Callable[[Any], None]) -> None:
         weights_only = self.weights_only
+        self._claim(logical_path, (piece,), fresh_tensor=False)
 
         def consume(offset: int, data: memoryview) -> None:
             sink(deserialize_object(data, weights_only=weights_only, logical_path=logical_path))
@@ -119,17 +150,22 @@ class LeafLoader:
             if key in self._in_place:
                 return lambda: destination
             self._in_place.add(key)
-            result: Any = destination
-        else:
-            fresh_key = (first, entry.dtype, entry.shape)
-            cached = self._fresh.get(fresh_key)
-            if cached is not None and entry.pieces:
-                return lambda: cached.value
-            target = torch.empty(entry.shape, dtype=dtype)
-            self._fresh[fresh_key] = _Slot(target)
-            result = target
-        self._add_raw_reads(logical_path, entry, target, itemsize)
-        return lambda: result
+            self._add_raw_reads(logical_path, entry, target, itemsize)
+            return lambda: destination
+        fresh_key = (first, entry.dtype, entry.shape)
+        cached = self._fresh.get(fresh_key)
+        if cached is not None and entry.pieces:
+            return lambda: cached.value
+        slot = self._fresh[fresh_key] = _Slot()
+        self._fresh_bytes += entry.nbytes
+        self._claim(logical_path, entry.pieces, fresh_tensor=True)
+
+        def allocate() -> None:
+            slot.value = _new_tensor(logical_path, entry.shape, dtype)
+            self._add_raw_reads(logical_path, entry, slot.value, itemsize)
+
+        self._allocations.append(allocate)
+        return lambda: slot.value
 
     def _add_sharded(self, logical_path: str, entry: ShardedTensorEntry, destination: Any) -> Callable[[], Any]:
         """Fill each destination box from the stored pieces that overlap it (resharding).
@@ -140,7 +176,6 @@ class LeafLoader:
         stored shard) that overlap a destination box are read, each verified as a whole.
         """
         dtype = dtype_from_name(entry.dtype)
-        itemsize = dtype.itemsize
         whole = Box((0,) * len(entry.shape), entry.shape)
         boxes = destination_boxes(destination)
         if boxes is not None:
@@ -160,8 +195,27 @@ class LeafLoader:
         ):
             targets, result = [(whole, destination.detach())], destination
         else:
-            fresh = torch.empty(entry.shape, dtype=dtype)
-            targets, result = [(whole, fresh)], fresh
+            slot = _Slot()
+            self._fresh_bytes += entry.nbytes
+            self._claim(logical_path, (p for shard in entry.shards for p in shard.pieces), fresh_tensor=True)
+
+            def allocate() -> None:
+                slot.value = _new_tensor(logical_path, entry.shape, dtype)
+                self._add_shard_reads(logical_path, entry, [(whole, slot.value)], dtype)
+
+            self._allocations.append(allocate)
+            return lambda: slot.value
+        self._add_shard_reads(logical_path, entry, targets, dtype)
+        return lambda: result
+
+    def _add_shard_reads(
+        self,
+        logical_path: str,
+        entry: ShardedTensorEntry,
+        targets: list[tuple[Box, torch.Tensor]],
+        dtype: torch.dtype,
+    ) -> None:
+        itemsize = dtype.itemsize
         for shard in entry.shards:
             shard_box = Box(shard.offsets, shard.sizes)
             if not any(overlap(shard_box, target_box) for target_box, _ in targets):
@@ -181,8 +235,8 @@ class LeafLoader:
                             box_slice(source, piece_box.offsets, common)
                         )
 
+                self._claim(logical_path, (piece,), fresh_tensor=False)  # read into a buffer of its size
                 self.reads.append(PieceRead(piece, logical_path, consume=consume))
-        return lambda: result
 
     def _add_raw_reads(self, logical_path: str, entry: TensorEntry, target: torch.Tensor, itemsize: int) -> None:
         direct = byte_view(target) if is_zero_copy_source(target) and target.numel() else None
@@ -201,3 +255,30 @@ class LeafLoader:
 
                 self.reads.append(PieceRead(piece, logical_path, consume=consume, splittable=True, itemsize=itemsize))
             offset += piece.nbytes
+
+
+def _new_tensor(logical_path: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    try:
+        return torch.empty(shape, dtype=dtype)
+    except (RuntimeError, MemoryError) as exc:
+        nbytes = math.prod(shape) * dtype.itemsize
+        raise RestoreMemoryError(
+            f"cannot allocate {nbytes} bytes for {logical_path!r} (dtype {str(dtype)[6:]} shape {list(shape)}): "
+            "restore it in place into an existing tensor, or read it on a machine with more memory"
+        ) from exc
+
+
+def _union_bytes(pieces: Iterable[Piece]) -> int:
+    """Bytes covered by the union of the pieces' ranges, per data object."""
+    by_location: dict[str, list[tuple[int, int]]] = {}
+    for piece in pieces:
+        by_location.setdefault(piece.location, []).append(piece.byte_range)
+    total = 0
+    for ranges in by_location.values():
+        covered_to = 0
+        for start, end in sorted(ranges):
+            start = max(start, covered_to)
+            if end > start:
+                total += end - start
+                covered_to = end
+    return total

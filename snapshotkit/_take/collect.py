@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from snapshotkit._format.dtypes import RAW_ITEMSIZE
 from snapshotkit._format.entries import ContainerEntry, PrimitiveEntry, escape_key, join_path
 from snapshotkit._format.serialization import RAW, dtype_name, serialize_object, tensor_serializer
 from snapshotkit._format.sharded import is_sharded, local_shards
@@ -98,6 +99,11 @@ def _tensor_identity(tensor: torch.Tensor) -> tuple[Any, ...] | None:
 
 def _describe_sharded(path: str, value: torch.Tensor, payloads: list[Payload]) -> ShardedLeaf:
     shards = local_shards(value, path)
+    if dtype_name(shards.dtype) not in RAW_ITEMSIZE:
+        raise UnsupportedValueError(
+            f"the sharded tensor at {path!r} has dtype {dtype_name(shards.dtype)}, which is stored only through "
+            "torch.save; gather it into a plain tensor first (docs/format.md section 4.1 lists the raw dtypes)"
+        )
     boxes = []
     for box, local in shards.boxes:
         if local.is_meta:

@@ -79,7 +79,7 @@ def _plugin(commit: CommitPlan) -> StoragePlugin:
 
 async def _write_manifest(plugin: StoragePlugin, metadata: SnapshotMetadata, path: str) -> None:
     try:
-        await plugin.write_exclusive(METADATA_FILENAME, metadata.to_json_text().encode())
+        await plugin.write_exclusive(METADATA_FILENAME, metadata.to_bytes())
     except FileExistsError:
         raise SnapshotExistsError(
             f"another take committed a snapshot at {path!r} while this one was writing; "

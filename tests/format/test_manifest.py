@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _snapshots import MANIFEST, Net, load_manifest_json, take_basic, write_manifest_json
+from _snapshots import MANIFEST, Net, load_manifest_json, reseal_manifest, take_basic, write_manifest_json
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit.errors import ManifestError, UnsafeLocationError, UnsupportedFormatVersionError
 from snapshotkit.manifest import (
+    FORMAT_VERSION,
     DictEntry,
     ListEntry,
     ObjectEntry,
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("clean_env")
 PIECE = Piece('data/0_00000_ab"c\u00e9', (64, 128), "crc32c:0000abcd")
 ENTRIES = {
     "0/sd": DictEntry(("t", 3, "q/x")),
-    "0/sd/t": TensorEntry("bfloat16", (2, 0, 3), "raw", (PIECE, Piece("data/x", (0, 0), "crc32c:00000000")), True),
+    "0/sd/t": TensorEntry("bfloat16", (2, 16), "raw", (PIECE, Piece("data/x", (0, 0), "crc32c:00000000")), True),
     "0/sd/3": ObjectEntry("builtins.set", PIECE),
     "0/sd/q%2Fx": ListEntry(2),
     "0/sd/q%2Fx/0": PrimitiveEntry.of(float("-inf")),
@@ -56,6 +57,10 @@ def test_metadata_round_trips_through_text() -> None:
     assert SnapshotMetadata.from_text(text) == metadata
     assert SnapshotMetadata.from_text(text.encode()) == metadata
     assert len(text.splitlines()) == 7 + 1 + len(ENTRIES) + 2
+    sealed = SnapshotMetadata(3, "0.1", "2.13", "2026-11-22T00:00:00+00:00", 1, dict(ENTRIES))
+    assert sealed.to_json_text().startswith('{"integrity": "sha256:')
+    assert SnapshotMetadata.from_text(sealed.to_bytes()) == sealed
+    assert len(sealed.to_json_text().splitlines()) == len(text.splitlines())
 
 
 @pytest.mark.parametrize("location", ["../x", "/abs", "a//b", "a/./b", "a/../b", "C:/x", "s3://b/x", "a\\b", "", "a/"])
@@ -224,6 +229,7 @@ def test_duplicate_manifest_entry_raises_manifest_error(tmp_path: Path) -> None:
     impostor = line.replace('"shape":[8]', '"shape":[2,4]')
     assert impostor != line
     (path / MANIFEST).write_text(text[:start] + impostor + ",\n" + text[start:])
+    reseal_manifest(path)  # a valid integrity line: the duplicate itself must be refused
     with pytest.raises(ManifestError) as info:
         _ = Snapshot(str(path)).metadata
     assert "'0/extras/w'" in str(info.value)
@@ -262,7 +268,7 @@ def test_newer_format_version_raises_unsupported_format_version(tmp_path: Path) 
     path = tmp_path / "snap"
     take_basic(path)
     document = load_manifest_json(path)
-    document["format_version"] = 3
+    document["format_version"] = FORMAT_VERSION + 1
     document["snapshotkit_version"] = "9.0.0"
     document["manifest"]["0/extras/future"] = {"kind": "kind_from_the_future"}
     write_manifest_json(path, document)
@@ -273,7 +279,7 @@ def test_newer_format_version_raises_unsupported_format_version(tmp_path: Path) 
     assert isinstance(exc, ManifestError)
     assert isinstance(exc, ValueError)
     message = str(exc)
-    assert "format version 3" in message
+    assert f"format version {FORMAT_VERSION + 1}" in message
     assert "'9.0.0'" in message
     assert "upgrade" in message.lower()
     assert "pip install -U snapshotkit" in message
@@ -335,6 +341,7 @@ def test_location_leaving_the_snapshot_raises_unsafe_location_before_any_read(
     message = str(exc)
     assert repr(location) in message
     assert MANIFEST in message
+    assert "'extras/w'" in message  # the logical path whose piece it is
 
     with pytest.raises(UnsafeLocationError):
         Snapshot(str(path)).restore({"model": Net(), "extras": StateDict()})

@@ -1,8 +1,10 @@
-"""Build the golden snapshot of format version 1: ``python tests/golden/make_golden.py``.
+"""Build the golden snapshot of today's format version: ``python tests/golden/make_golden.py``.
 
-The snapshot in ``tests/golden/v1/basic`` is committed and must keep loading with every later
-snapshotkit (``tests/format/test_golden_v1.py`` checks it value by value). Regenerate it only when this
-builder changes in a way the test needs; never to make a failing golden test pass.
+It writes ``tests/golden/v<FORMAT_VERSION>/basic``. The snapshots there (``v1/basic``, written
+by the snapshotkit of format version 1, and ``v3/basic``) are committed and must keep loading
+with every later snapshotkit (``tests/format/test_golden_basic.py`` checks them value by value).
+Write a new one when the format version changes; never regenerate an existing one to make a
+failing golden test pass.
 
 Every value is built without a random generator and with exactly representable numbers, so the
 same objects come out bit for bit on any machine and torch version (the optimizer step works on
@@ -23,7 +25,6 @@ from typing import Any
 import torch
 
 GOLDEN_ROOT = Path(__file__).resolve().parent
-BASIC = GOLDEN_ROOT / "v1" / "basic"
 
 #: Small chunks and data objects so the golden snapshot has multi-piece tensors and several data objects.
 GOLDEN_ENV = {"SNAPSHOTKIT_CHUNK_BYTES": "2048", "SNAPSHOTKIT_DATA_OBJECT_BYTES": "4096"}
@@ -138,13 +139,15 @@ def build_app_state() -> dict[str, Any]:
 def main() -> None:
     sys.path.insert(0, str(GOLDEN_ROOT.parent.parent))
     from snapshotkit import Snapshot
+    from snapshotkit.manifest import FORMAT_VERSION
 
+    basic = GOLDEN_ROOT / f"v{FORMAT_VERSION}" / "basic"
     os.environ.update(GOLDEN_ENV)
-    if BASIC.exists():
-        shutil.rmtree(BASIC)
-    BASIC.parent.mkdir(parents=True, exist_ok=True)
-    Snapshot.take(str(BASIC), build_app_state())
-    files = sorted(p for p in BASIC.rglob("*") if p.is_file())
+    if basic.exists():
+        shutil.rmtree(basic)
+    basic.parent.mkdir(parents=True, exist_ok=True)
+    Snapshot.take(str(basic), build_app_state())
+    files = sorted(p for p in basic.rglob("*") if p.is_file())
     total_bytes = sum(p.stat().st_size for p in files)
     for path in files:
         print(f"{path.stat().st_size:8d}  {path.relative_to(GOLDEN_ROOT)}")
