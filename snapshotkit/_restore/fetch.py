@@ -18,7 +18,7 @@ from snapshotkit._format.entries import Piece
 from snapshotkit._plan.reads import RangeRequest, ReadBatch, plan_read_batches
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import gather_or_cancel, to_thread
-from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError
+from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError, UnsafeStorageObjectError
 from snapshotkit.storage import StoragePlugin
 
 #: Largest merged read; big enough to amortise requests, small enough to keep several in flight.
@@ -66,6 +66,8 @@ def _storage_failure(exc: BaseException, location: str, reads: Sequence[PieceRea
             f"data object {location!r} holding {shown} is missing; the snapshot is damaged. "
             "Restore from another snapshot"
         )
+    if isinstance(exc, UnsafeStorageObjectError):
+        return IntegrityError(f"data object {location!r} holding {shown} was refused: {exc}")
     return TruncatedDataError(
         f"data object {location!r} holding {shown} is shorter than the manifest says ({exc}); "
         "the snapshot is truncated. Restore from another snapshot"
@@ -102,7 +104,7 @@ async def _run_batch(
             # the storage queue shallower than io_concurrency.
             async with io_slots:
                 await plugin.read_into(batch.location, batch.start, buffers)
-        except (EOFError, FileNotFoundError) as exc:
+        except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
             raise _storage_failure(exc, batch.location, [reads[r.tag] for r in batch.requests]) from exc
 
         def finish() -> None:
@@ -131,7 +133,7 @@ async def _run_streamed(
             try:
                 async with io_slots:
                     await plugin.read_into(read.piece.location, offset, [data])
-            except (EOFError, FileNotFoundError) as exc:
+            except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
                 raise _storage_failure(exc, read.piece.location, [read]) from exc
 
             def finish(
