@@ -23,7 +23,6 @@ Which operations are safe to send again, and why:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -108,10 +107,22 @@ class RetryingStoragePlugin(StoragePlugin):
         await self._retry("discard", "", lambda: self.plugin.discard(locations))
 
     async def _holds(self, location: str, payload: bytes) -> bool:
-        """Whether ``location`` holds exactly ``payload`` (False if that cannot be told)."""
-        with contextlib.suppress(Exception):
+        """Whether ``location`` holds exactly ``payload``.
+
+        Raises:
+            RetriesExhaustedError: reading it back failed, so the write's outcome is unknown.
+        """
+        try:
             return bytes(await self.read(location)) == payload
-        return False
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            describe = self._describe("write_exclusive", location)
+            raise RetriesExhaustedError(
+                f"{describe}: an attempt whose answer was lost may have written the object, and reading it "
+                f"back to tell failed ({type(exc).__name__}: {exc}), so whether this write took effect is "
+                "unknown. Open the snapshot to see whether it was committed, or take again to a new path"
+            ) from exc
 
     async def write_exclusive(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
         buffers = as_buffers(data)

@@ -63,7 +63,8 @@ class FaultInjectingPlugin(StoragePlugin):
     """``plugin`` with a fraction ``rate`` of its calls failing with faults drawn from ``kinds``.
 
     Every call but ``close`` may fail. The ``n``-th call of an instance fails, and how, as a
-    function of ``(seed, n)`` only. A ``"lost_response"`` fault on a read or check is a reset
+    function of ``(seed, n)`` only (plugins made by :meth:`factory` get distinct seeds:
+    ``"<seed>/<k>"`` for the ``k``-th plugin the factory made with that seed in this process). A ``"lost_response"`` fault on a read or check is a reset
     after the call ran. Injected faults are counted in :attr:`injected` (kind -> count).
 
     Args:
@@ -74,7 +75,7 @@ class FaultInjectingPlugin(StoragePlugin):
     """
 
     def __init__(
-        self, plugin: StoragePlugin, *, rate: float = 0.1, kinds: Sequence[str] = FAULT_KINDS, seed: int = 0
+        self, plugin: StoragePlugin, *, rate: float = 0.1, kinds: Sequence[str] = FAULT_KINDS, seed: int | str = 0
     ) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ConfigError(f"FaultInjectingPlugin rate must be from 0 to 1, got {rate!r}")
@@ -179,9 +180,18 @@ class _Factory:
             plugin = url_to_storage_plugin(f"{self.inner}://{root}", options)
         else:
             plugin = self.inner(root, options)
+        seed = int(overrides.get("seed", self.seed))
+        with _MADE_LOCK:
+            made = _MADE[seed]
+            _MADE[seed] += 1
         return FaultInjectingPlugin(
             plugin,
             rate=float(overrides.get("rate", self.rate)),
             kinds=tuple(overrides.get("kinds", self.kinds)),
-            seed=int(overrides.get("seed", self.seed)),
+            seed=f"{seed}/{made}",  # each plugin its own fault sequence, reproducible in order
         )
+
+
+#: seed -> plugins the factories made with it in this process.
+_MADE: Counter[int] = Counter()
+_MADE_LOCK = threading.Lock()

@@ -244,10 +244,10 @@ def test_a_failed_commit_leaves_no_temporary_manifest(tmp_path: Path, monkeypatc
     snapshot = tmp_path / "snap"
     with pytest.raises(SnapshotkitError, match="No space left on device") as info:
         take_basic(snapshot)
-    assert isinstance(info.value, StorageError)
-    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOSPC
-    assert ".snapshot_metadata.tmp-" in str(info.value)  # the file that could not be written
     monkeypatch.undo()
     leftovers = [p.name for p in snapshot.rglob("*") if p.is_file()] if snapshot.exists() else []
     assert leftovers == []
     assert_nothing_committed(snapshot)
+    assert isinstance(info.value, StorageError)
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOSPC
+    assert ".snapshot_metadata.tmp-" in str(info.value)  # the file that could not be written
