@@ -63,9 +63,10 @@ class FaultInjectingPlugin(StoragePlugin):
     """``plugin`` with a fraction ``rate`` of its calls failing with faults drawn from ``kinds``.
 
     Every call but ``close`` may fail. The ``n``-th call of an instance fails, and how, as a
-    function of ``(seed, n)`` only (plugins made by :meth:`factory` get distinct seeds:
-    ``"<seed>/<k>"`` for the ``k``-th plugin the factory made with that seed in this process). A ``"lost_response"`` fault on a read or check is a reset
-    after the call ran. Injected faults are counted in :attr:`injected` (kind -> count).
+    function of ``(seed, n)`` only; plugins made by :meth:`factory` get distinct seeds
+    (``"<seed>/<k>"`` for the ``k``-th plugin made with that seed in this process). A
+    ``"lost_response"`` fault on a read or check is a reset after the call ran. Injected faults
+    are counted in :attr:`injected` (kind -> count).
 
     Args:
         plugin: the plugin to wrap (closed with this one).
