@@ -30,7 +30,8 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
         ├── UnknownStorageSchemeError  (ValueError)         no plugin for a URI scheme
         ├── StoragePermissionError     (PermissionError)    credentials refused (403): not retried
         ├── BucketNotFoundError        (FileNotFoundError)  the bucket does not exist: not retried
-        └── RetriesExhaustedError                           transient failures outlasted the retries
+        ├── RetriesExhaustedError                           transient failures outlasted the retries
+        └── UnsafeStorageObjectError                        object is a symlink out of the root or not a file
 
 Messages say what was wrong, the offending value, and what to do next.
 """
@@ -64,6 +65,7 @@ __all__ = [
     "UnknownStorageSchemeError",
     "UnsafeLocationError",
     "UnsafeObjectError",
+    "UnsafeStorageObjectError",
     "UnsupportedFormatVersionError",
     "UnsupportedValueError",
     "WaitTimeoutError",
@@ -199,3 +201,8 @@ class BucketNotFoundError(StorageError, FileNotFoundError):
 
 class RetriesExhaustedError(StorageError):
     """A request kept failing transiently (resets, 5xx, throttling) until its retries ran out."""
+
+
+class UnsafeStorageObjectError(StorageError):
+    """A stored object is not a regular file inside the snapshot (a symlink leading out of it, a
+    FIFO, a socket, a device): refused without reading it or blocking on it."""

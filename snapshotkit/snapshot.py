@@ -13,7 +13,7 @@ from snapshotkit._format.entries import Entry
 from snapshotkit._restore import engine as restore_engine
 from snapshotkit._take import engine as take_engine
 from snapshotkit.stateful import AppState
-from snapshotkit.storage import StoragePlugin, url_to_storage_plugin
+from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
 __all__ = ["PendingSnapshot", "Snapshot"]
 
@@ -141,7 +141,7 @@ class Snapshot:
         return PendingSnapshot(job, cls(job.path, pg=pg, storage_options=options))
 
     def _plugin(self) -> StoragePlugin:
-        return url_to_storage_plugin(self.path, self._storage_options)
+        return open_storage_plugin(self.path, self._storage_options)
 
     @property
     def metadata(self) -> SnapshotMetadata:

@@ -18,7 +18,7 @@ from snapshotkit._format.entries import Piece
 from snapshotkit._plan.reads import RangeRequest, ReadBatch, plan_read_batches
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import gather_or_cancel, to_thread
-from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError
+from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError, UnsafeStorageObjectError
 from snapshotkit.storage import ByteRange, StoragePlugin
 
 #: Largest merged read; big enough to amortise requests, small enough to keep several in flight.
@@ -80,6 +80,8 @@ def _storage_failure(exc: BaseException, location: str, logical_paths: Iterable[
             f"data object {location!r} holding {shown} is missing; the snapshot is damaged. "
             "Restore from another snapshot"
         )
+    if isinstance(exc, UnsafeStorageObjectError):
+        return IntegrityError(f"data object {location!r} holding {shown} was refused: {exc}")
     return TruncatedDataError(
         f"data object {location!r} holding {shown} is shorter than the manifest says ({exc}); "
         "the snapshot is truncated. Restore from another snapshot"
@@ -116,7 +118,7 @@ async def _run_batch(
             # the storage queue shallower than io_concurrency.
             async with io_slots:
                 await plugin.read_into(batch.location, batch.start, buffers)
-        except (EOFError, FileNotFoundError) as exc:
+        except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
             raise _storage_failure(exc, batch.location, [reads[r.tag].logical_path for r in batch.requests]) from exc
 
         def finish() -> None:
@@ -145,7 +147,7 @@ async def _run_streamed(
             try:
                 async with io_slots:
                     await plugin.read_into(read.piece.location, offset, [data])
-            except (EOFError, FileNotFoundError) as exc:
+            except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
                 raise _storage_failure(exc, read.piece.location, [read.logical_path]) from exc
 
             def finish(
@@ -180,7 +182,7 @@ async def check_extents(plugin: StoragePlugin, claims: Iterable[Claim], *, io_co
         try:
             async with slots:
                 data = await plugin.read(location, ByteRange(end - 1, end))
-        except (EOFError, FileNotFoundError) as exc:
+        except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
             raise _storage_failure(exc, location, paths[location]) from exc
         if len(data) != 1:
             raise _storage_failure(EOFError(f"byte {end - 1} is past the end"), location, paths[location])

@@ -33,7 +33,7 @@ from snapshotkit._plan.rank_plan import TakePlan
 from snapshotkit._runtime.loop import run_sync
 from snapshotkit._version import __version__
 from snapshotkit.errors import SnapshotExistsError, SnapshotkitError, StorageError
-from snapshotkit.storage import StoragePlugin, url_to_storage_plugin
+from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +74,7 @@ def build_metadata(manifest: dict[str, Entry], world_size: int) -> SnapshotMetad
 
 
 def _plugin(commit: CommitPlan) -> StoragePlugin:
-    return url_to_storage_plugin(commit.path, dict(commit.storage_options))
+    return open_storage_plugin(commit.path, dict(commit.storage_options))
 
 
 async def _write_manifest(plugin: StoragePlugin, metadata: SnapshotMetadata, path: str) -> None:

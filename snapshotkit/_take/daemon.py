@@ -27,7 +27,7 @@ from typing import Any
 from snapshotkit._dist import portable
 from snapshotkit._format.checksum import crc32c
 from snapshotkit._take.writers import plugin_key
-from snapshotkit.storage import StoragePlugin, register_storage_plugin, url_to_storage_plugin
+from snapshotkit.storage import StoragePlugin, open_storage_plugin, register_storage_plugin
 
 
 def serve(connection: multiprocessing.connection.Connection) -> None:
@@ -70,7 +70,7 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
             key = plugin_key(path, options)
             plugin = plugins.get(key)
             if plugin is None:
-                plugin = plugins[key] = url_to_storage_plugin(path, options)
+                plugin = plugins[key] = open_storage_plugin(path, options)
             segment = segments.get(name)
             if segment is None:
                 segment = segments[name] = shared_memory.SharedMemory(name=name)

@@ -33,7 +33,7 @@ from snapshotkit._take.prepare import PreparedTake, prepare_take
 from snapshotkit._take.stage import StagedObject
 from snapshotkit._take.writers import InlineWriter, Target, WriteJob, Writer, background_writer, shutdown_writers
 from snapshotkit.errors import WaitTimeoutError
-from snapshotkit.storage import url_to_storage_plugin
+from snapshotkit.storage import open_storage_plugin
 
 _pending: weakref.WeakSet[TakeJob] = weakref.WeakSet()
 
@@ -147,7 +147,7 @@ def start_take(
         group=group,
         config=config,
         replicated=replicated,
-        open_plugin=lambda where: url_to_storage_plugin(where, options),
+        open_plugin=lambda where: open_storage_plugin(where, options),
     )
     return run_prepared(prepared, group=group, config=config, storage_options=options, writer=writer)
 

@@ -30,7 +30,7 @@ from snapshotkit._plan.leaves import Payload
 from snapshotkit._runtime.loop import background_loop, get_loop, spawn, to_thread
 from snapshotkit._take.stage import StagedObject, ViewStager, piece_checksums, stage_into, staging_cost_bytes
 from snapshotkit.errors import ConfigError
-from snapshotkit.storage import StoragePlugin, url_to_storage_plugin
+from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
 #: The ``executor=`` values of ``async_take``.
 EXECUTORS = ("thread", "process")
@@ -108,7 +108,7 @@ class _LoopWriter:
         with self._lock:
             plugin = self._plugins.get(key)
             if plugin is None:
-                plugin = self._plugins[key] = url_to_storage_plugin(target.path, dict(target.storage_options))
+                plugin = self._plugins[key] = open_storage_plugin(target.path, dict(target.storage_options))
             return plugin
 
     def io_slots(self, count: int) -> Any:

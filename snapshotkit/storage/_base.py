@@ -6,7 +6,9 @@ import abc
 import contextlib
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
+
+from snapshotkit.storage._retry import is_transient_error
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -36,11 +38,15 @@ class Capabilities:
         atomic_exclusive_write: ``write_exclusive`` cannot race (fs ``link``, S3 ``If-None-Match``).
         listing: ``list`` is implemented.
         zero_copy_read_into: ``read_into`` fills caller buffers without an intermediate copy.
+        own_retries: the plugin (or its client library) already retries transient failures of
+            each request; snapshotkit's retry layer then passes its calls through untouched, so
+            attempts never multiply (GCS: gcsfs retries).
     """
 
     atomic_exclusive_write: bool = False
     listing: bool = False
     zero_copy_read_into: bool = False
+    own_retries: bool = False
 
 
 def as_buffers(data: Buffer | Sequence[Buffer]) -> list[memoryview]:
@@ -73,9 +79,13 @@ class StoragePlugin(abc.ABC):
         * ``write`` replaces an existing object; :meth:`write_exclusive` never does.
         * After ``write`` returns, the object is durable as far as the backend can promise.
         * ``close`` is idempotent.
+
+    Transient failures (see :meth:`is_transient`) are retried by snapshotkit's retry layer,
+    which wraps every plugin it opens: a plugin raises them and need not retry itself.
     """
 
-    capabilities: ClassVar[Capabilities] = Capabilities()
+    #: Set as a class attribute by plugins; wrappers (the retry layer) set it per instance.
+    capabilities: Capabilities = Capabilities()
 
     @abc.abstractmethod
     async def write(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
@@ -92,6 +102,16 @@ class StoragePlugin(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections and other resources; safe to call more than once."""
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether an operation that raised ``exc`` may succeed when retried.
+
+        The default (:func:`~snapshotkit.storage.is_transient_error`) says yes to connection
+        resets, refusals and timeouts and to HTTP 408/429/5xx anywhere in the exception's
+        chain. Override it to add your backend's throttling and availability errors; keep
+        answers such as ``FileNotFoundError`` and refused credentials non-transient.
+        """
+        return is_transient_error(exc)
 
     async def read_into(self, location: str, start: int, buffers: Sequence[memoryview]) -> None:
         """Fill ``buffers`` in order with the bytes of ``location`` from offset ``start``.

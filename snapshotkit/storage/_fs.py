@@ -3,6 +3,17 @@
 Writes are ``writev`` of the caller's buffers followed by ``fdatasync``; reads are ``preadv``
 straight into caller memory. The commit marker is written to a temporary name, synced, and
 hard-linked into place, which fails if the name exists, so two takes can never both commit.
+
+Durability: ``write`` returns once the file is synced and so is its directory (the entry that
+names it), and every directory it created is synced in its parent, shallowest first. So by the
+time the commit marker is linked, every data file and every directory that gained an entry is
+durable; the marker's directory is synced after the link. A failed commit leaves no temporary
+file behind.
+
+Reads open only regular files inside the root: a location that resolves (through symlinks)
+outside the root, or names a FIFO, socket or device, raises
+:class:`~snapshotkit.errors.UnsafeStorageObjectError`; objects are opened non-blocking, so no
+open can hang.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from snapshotkit._runtime.loop import to_thread
+from snapshotkit.errors import UnsafeStorageObjectError
 from snapshotkit.storage._base import ByteRange, Capabilities, StoragePlugin, as_buffers
 
 if TYPE_CHECKING:
@@ -88,6 +100,26 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device")):
+        if test(mode):
+            return name
+    return "a block device" if stat.S_ISBLK(mode) else "not a regular file"
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _opened_path(fd: int) -> str | None:
+    """The path the kernel resolved ``fd`` to (Linux), or None where that cannot be told."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # pragma: no cover - no /proc
+        return None
+
+
 class FSStoragePlugin(StoragePlugin):
     """Snapshot objects as files below a root directory."""
 
@@ -106,32 +138,72 @@ class FSStoragePlugin(StoragePlugin):
         if parent not in self._known_dirs:
             missing = [p for p in (parent, *parent.parents) if not p.exists()]
             parent.mkdir(parents=True, exist_ok=True)
+            # A new directory's entry is durable once its parent is synced: shallowest first.
+            for directory in reversed(missing):
+                _fsync_dir(directory.parent)
             self._created_dirs.update(missing)
             self._known_dirs.add(parent)
 
-    def _write_blocking(self, path: Path, buffers: list[memoryview]) -> None:
-        self._ensure_parent(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    def _write_blocking(self, path: Path, buffers: list[memoryview], *, sync_entry: bool = True) -> None:
+        """Write and sync ``path``; with ``sync_entry``, sync its directory too (its name is durable)."""
         try:
-            _writev_all(fd, buffers)
-            (getattr(os, "fdatasync", None) or os.fsync)(fd)
-        finally:
-            os.close(fd)
+            self._ensure_parent(path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                _writev_all(fd, buffers)
+                (getattr(os, "fdatasync", None) or os.fsync)(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if exc.filename is not None:
+                raise
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc  # name the file
+        if sync_entry:
+            _fsync_dir(path.parent)
 
     async def write(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
         await to_thread(self._write_blocking, self._path(location), as_buffers(data))
 
+    def _refuse(self, path: Path, why: str) -> UnsafeStorageObjectError:
+        return UnsafeStorageObjectError(
+            f"refusing to read {str(path)!r}: {why}. Snapshots hold only regular files inside their "
+            "directory, so this one was altered (or is not a snapshot); restore from another snapshot"
+        )
+
     def _open_object(self, location: str) -> tuple[int, int]:
-        """``(fd, size)`` of the regular file behind ``location``; anything else is "no such object"."""
+        """``(fd, size)`` of the regular file behind ``location``.
+
+        A directory is "no such object" (a prefix of objects); a location that resolves outside
+        the root, or a FIFO, socket or device, is refused. The open is non-blocking (a FIFO
+        without a writer would otherwise block it forever) and its resolved path is checked
+        again after opening, so a symlink swapped in meanwhile cannot lead out.
+        """
         path = self._path(location)
+        root = os.path.realpath(self.root)
+        resolved = os.path.realpath(path)
+        if not _inside(resolved, root):
+            raise self._refuse(path, f"it resolves to {resolved!r}, outside the snapshot root {root!r}")
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(path, flags)
         except (NotADirectoryError, IsADirectoryError):
             raise FileNotFoundError(errno.ENOENT, "no such object", str(path)) from None
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):  # a directory: a prefix of objects, not an object
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: a socket, or a device with nothing behind it
+                raise
+            raise self._refuse(path, "it is a socket or device, not a regular file") from exc
+        try:
+            info = os.fstat(fd)
+            if stat.S_ISDIR(info.st_mode):  # a prefix of objects, not an object
+                raise FileNotFoundError(errno.ENOENT, "no such object", str(path))
+            if not stat.S_ISREG(info.st_mode):
+                raise self._refuse(path, f"it is {_kind(info.st_mode)}, not a regular file")
+            opened = _opened_path(fd)
+            if opened is not None and not _inside(opened, root):
+                raise self._refuse(path, f"it resolves to {opened!r}, outside the snapshot root {root!r}")
+        except BaseException:
             os.close(fd)
-            raise FileNotFoundError(errno.ENOENT, "no such object", str(path))
+            raise
         return fd, info.st_size
 
     @staticmethod
@@ -171,28 +243,34 @@ class FSStoragePlugin(StoragePlugin):
     def _write_exclusive_blocking(self, location: str, buffers: list[memoryview]) -> None:
         final = self._path(location)
         temporary = final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}")
-        self._write_blocking(temporary, buffers)
+        # IMPORTANT: every data file, its directory and every directory created on the way were
+        # synced by the write that made them (_write_blocking), so all the marker points at is
+        # durable before it is linked. Any failure removes the temporary file.
         try:
-            # Directory entries of every object written so far (and of every directory this plugin
-            # created, in its parent) must be durable before the marker.
-            directories = self._known_dirs | {final.parent} | {d.parent for d in self._created_dirs}
-            for directory in sorted(directories, key=lambda p: len(p.parts), reverse=True):
-                _fsync_dir(directory)
-            try:
-                os.link(temporary, final)
-            except OSError as exc:
-                if exc.errno == errno.EEXIST:
-                    raise FileExistsError(errno.EEXIST, "object exists", str(final)) from None
-                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
-                    raise
-                # No hard links here (some FUSE/network filesystems): best effort, check then rename.
-                if final.exists():
-                    raise FileExistsError(errno.EEXIST, "object exists", str(final)) from None
-                os.rename(temporary, final)
-            _fsync_dir(final.parent)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
+            self._write_blocking(temporary, buffers, sync_entry=False)
+            self._link_exclusive(temporary, final)
+            with contextlib.suppress(FileNotFoundError):  # renamed into place where links fail
                 os.unlink(temporary)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        _fsync_dir(final.parent)  # the marker's entry (and the temporary's removal)
+
+    @staticmethod
+    def _link_exclusive(temporary: Path, final: Path) -> None:
+        """Give ``temporary``'s file the name ``final``, or raise ``FileExistsError`` if it is taken."""
+        try:
+            os.link(temporary, final)
+        except OSError as exc:
+            if exc.errno == errno.EEXIST:
+                raise FileExistsError(errno.EEXIST, "object exists", str(final)) from None
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                raise
+            # No hard links here (some FUSE/network filesystems): best effort, check then rename.
+            if final.exists():
+                raise FileExistsError(errno.EEXIST, "object exists", str(final)) from None
+            os.rename(temporary, final)
 
     async def write_exclusive(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
         await to_thread(self._write_exclusive_blocking, location, as_buffers(data))

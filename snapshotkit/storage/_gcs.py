@@ -11,6 +11,9 @@ them, into a resumable upload of ``block_size`` chunks. Ranged reads use absolut
 listing can never be stale, and ``token="anon"`` when ``STORAGE_EMULATOR_HOST`` names an
 emulator and no token is given (emulators accept no credentials, and there are none to find).
 
+gcsfs retries each request itself, so the plugin declares ``capabilities.own_retries`` and
+snapshotkit's retry layer leaves it alone (the ``retry`` storage option does not apply).
+
 The commit marker is written with GCS's ``ifGenerationMatch=0`` precondition (gcsfs's
 ``pipe_file(..., mode="create")``): the write fails with ``FileExistsError`` if the object
 exists, atomically, so ``capabilities.atomic_exclusive_write`` is True.
@@ -48,7 +51,9 @@ class GCSStoragePlugin(FsspecStoragePlugin):
     or resumable writes by size and a create-only commit marker.
     """
 
-    capabilities = Capabilities(atomic_exclusive_write=True, listing=True)
+    # gcsfs retries each request itself (6 attempts on 408/429/5xx and connection errors): the
+    # retry layer must not multiply them.
+    capabilities = Capabilities(atomic_exclusive_write=True, listing=True, own_retries=True)
 
     def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
         root = root.strip("/")

@@ -6,6 +6,10 @@ local filesystem plugin); then plugins other distributions declare in the entry-
 ``snapshotkit.storage_plugins`` (name = scheme, value = a factory ``(root, storage_options) ->
 StoragePlugin``, e.g. a plugin class); then any scheme fsspec knows, through the generic fsspec
 plugin.
+
+:func:`url_to_storage_plugin` returns that plugin itself; :func:`open_storage_plugin` (what
+snapshotkit's own operations call) returns it behind the retry layer. The ``retry`` storage
+option belongs to the retry layer: factories never see it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 
 from snapshotkit.errors import UnknownStorageSchemeError
 from snapshotkit.storage._base import StoragePlugin
+from snapshotkit.storage._retry import RetryPolicy
+from snapshotkit.storage._retry_layer import with_retries
 
 #: ``factory(root, storage_options) -> StoragePlugin``; root is the URI without ``scheme://``.
 StoragePluginFactory = Callable[[str, Mapping[str, Any]], StoragePlugin]
@@ -99,13 +105,17 @@ def split_uri(uri: str) -> tuple[str, str]:
 
 
 def url_to_storage_plugin(uri: str, storage_options: Mapping[str, Any] | None = None) -> StoragePlugin:
-    """The storage plugin for a snapshot URI.
+    """The storage plugin for a snapshot URI (without the retry layer: see :func:`open_storage_plugin`).
+
+    The ``retry`` storage option is checked and removed; the factory gets the other options.
 
     Raises:
         UnknownStorageSchemeError: no plugin serves the URI's scheme.
+        ConfigError: the ``retry`` option is not a valid retry policy.
     """
     scheme, root = split_uri(uri)
     options = dict(storage_options or {})
+    RetryPolicy.from_option(options.pop("retry", None))
     with _registered_lock:
         factory = _registered.get(scheme)
     if factory is None:
@@ -126,3 +136,20 @@ def url_to_storage_plugin(uri: str, storage_options: Mapping[str, Any] | None = 
             "(pip install fsspec) and the fsspec implementation of that scheme"
         )
     return factory(root, options)
+
+
+def open_storage_plugin(uri: str, storage_options: Mapping[str, Any] | None = None) -> StoragePlugin:
+    """The storage plugin for ``uri`` behind the retry layer, as every snapshotkit operation opens it.
+
+    Each operation is retried on transient failures under the policy of the ``retry`` storage
+    option (a :class:`~snapshotkit.storage.RetryPolicy`, a dict of its fields, or an int
+    ``max_attempts``; default :class:`~snapshotkit.storage.RetryPolicy()`), unless the plugin
+    declares ``capabilities.own_retries``.
+
+    Raises:
+        UnknownStorageSchemeError: no plugin serves the URI's scheme.
+        ConfigError: the ``retry`` option is not a valid retry policy.
+    """
+    options = dict(storage_options or {})
+    policy = RetryPolicy.from_option(options.pop("retry", None))
+    return with_retries(url_to_storage_plugin(uri, options), policy, uri)

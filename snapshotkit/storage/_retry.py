@@ -2,22 +2,25 @@
 
 Object stores fail transiently (connection resets, 5xx, throttling) often enough that a large
 take or restore would otherwise die of one bad request. :class:`RetryPolicy` says how hard to
-try; :func:`call_with_retries` runs one idempotent request under it. Each retry is logged at
-WARNING on the ``snapshotkit.storage`` logger with the error and the delay; when the attempts
-or the time run out, :class:`~snapshotkit.errors.RetriesExhaustedError` says how many attempts
-were made over how long, with the last error as its ``__cause__``.
+try; :func:`call_with_retries` (blocking) and :func:`retry_async` run one idempotent call under
+it. Each retry is logged at WARNING on the ``snapshotkit.storage`` logger with the error and the
+delay; when the attempts or the time run out, :class:`~snapshotkit.errors.RetriesExhaustedError`
+says how many attempts were made over how long, with the last error as its ``__cause__``.
 
-Whether an error is transient is the plugin's call (it knows its backend's error codes);
-:func:`is_transient_connection_error` covers the network-level failures every HTTP backend shares.
+Whether an error is transient is the plugin's call (it knows its backend's error codes:
+:meth:`~snapshotkit.storage.StoragePlugin.is_transient`); :func:`is_transient_error` is the
+default, covering what every network backend shares.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import errno
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from snapshotkit.errors import ConfigError, RetriesExhaustedError
@@ -120,6 +123,85 @@ def is_transient_connection_error(exc: BaseException) -> bool:
     return False
 
 
+#: HTTP statuses of a request that may succeed when sent again: timeout, throttling, server errors.
+TRANSIENT_HTTP_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+#: errno values of network failures (plain ``OSError`` from some clients).
+_TRANSIENT_ERRNOS = frozenset(
+    code
+    for code in (
+        getattr(errno, name, None)
+        for name in ("ECONNRESET", "ECONNABORTED", "ECONNREFUSED", "ETIMEDOUT", "EPIPE", "ENETRESET", "EHOSTUNREACH")
+    )
+    if code is not None
+)
+#: Errors that are answers, not failures: never transient, whatever their chain holds.
+_ANSWERS = (FileNotFoundError, FileExistsError, EOFError, PermissionError, NotADirectoryError, IsADirectoryError)
+
+
+def _http_status(exc: BaseException) -> int | None:
+    for name in ("status", "status_code", "code"):
+        value = getattr(exc, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+            return value
+    return None
+
+
+def is_transient_error(exc: BaseException) -> bool:
+    """The default answer to "may this failure succeed when retried?".
+
+    True for connection resets, refusals and aborts, timeouts (``ConnectionError``,
+    ``TimeoutError``, the transport errors of botocore and aiohttp, ``errno`` ``ECONNRESET``,
+    ``ETIMEDOUT`` and friends) and HTTP 408/429/5xx (an exception with an integer ``status``,
+    ``status_code`` or ``code``), anywhere in the exception's chain. False for the contract's
+    answers (``FileNotFoundError``, ``FileExistsError``, ``EOFError``, ``PermissionError``) and
+    for :class:`~snapshotkit.errors.RetriesExhaustedError` (someone already retried).
+    """
+    if isinstance(exc, (*_ANSWERS, RetriesExhaustedError)):
+        return False
+    if is_transient_connection_error(exc):
+        return True
+    for item in _chain(exc):
+        if isinstance(item, OSError) and item.errno in _TRANSIENT_ERRNOS:
+            return True
+        if _http_status(item) in TRANSIENT_HTTP_STATUSES:
+            return True
+    return False
+
+
+class _Attempts:
+    """The retry bookkeeping of one call: decides, after each failure, to retry (and how long to
+    wait first) or to give up."""
+
+    def __init__(self, policy: RetryPolicy, describe: str) -> None:
+        self.policy = policy
+        self.describe = describe
+        self.started = time.monotonic()
+        self.count = 0
+        self._delays = policy.delays()
+
+    def delay_after(self, exc: Exception) -> float:
+        """The delay before the next attempt (logged), or raise :class:`RetriesExhaustedError`."""
+        elapsed = time.monotonic() - self.started
+        delay = next(self._delays, None)
+        if delay is None or elapsed + delay > self.policy.deadline_seconds:
+            raise RetriesExhaustedError(
+                f"{self.describe} failed {self.count} time(s) over {elapsed:.1f} s with transient errors, the "
+                f"last: {type(exc).__name__}: {exc}. The storage service is unavailable or throttling; retry "
+                "later, or allow more with storage_options={'retry': {'max_attempts': ..., "
+                "'deadline_seconds': ...}}"
+            ) from exc
+        logger.warning(
+            "%s failed (attempt %d of %d): %s: %s; retrying in %.2f s",
+            self.describe,
+            self.count,
+            self.policy.max_attempts,
+            type(exc).__name__,
+            exc,
+            delay,
+        )
+        return delay
+
+
 def call_with_retries(
     function: Callable[[], T],
     *,
@@ -133,32 +215,38 @@ def call_with_retries(
     Non-transient errors propagate at once, unchanged. ``describe`` names the request in logs
     and errors (``"PUT s3://bucket/key"``).
     """
-    started = time.monotonic()
-    delays = policy.delays()
-    attempt = 0
+    attempts = _Attempts(policy, describe)
     while True:
-        attempt += 1
+        attempts.count += 1
         try:
             return function()
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            elapsed = time.monotonic() - started
-            delay = next(delays, None)
-            if delay is None or elapsed + delay > policy.deadline_seconds:
-                raise RetriesExhaustedError(
-                    f"{describe} failed {attempt} time(s) over {elapsed:.1f} s with transient errors, the last: "
-                    f"{type(exc).__name__}: {exc}. The storage service is unavailable or throttling; retry "
-                    "later, or allow more with storage_options={'retry': {'max_attempts': ..., "
-                    "'deadline_seconds': ...}}"
-                ) from exc
-            logger.warning(
-                "%s failed (attempt %d of %d): %s: %s; retrying in %.2f s",
-                describe,
-                attempt,
-                policy.max_attempts,
-                type(exc).__name__,
-                exc,
-                delay,
-            )
-            sleep(delay)
+            sleep(attempts.delay_after(exc))
+
+
+async def retry_async(
+    function: Callable[[], Awaitable[T]],
+    *,
+    describe: str,
+    policy: RetryPolicy,
+    is_transient: Callable[[BaseException], bool],
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
+    """:func:`call_with_retries` for a coroutine function; backs off with ``asyncio.sleep``.
+
+    ``on_retry(exc)`` is called before each retry with the transient error that caused it.
+    """
+    attempts = _Attempts(policy, describe)
+    while True:
+        attempts.count += 1
+        try:
+            return await function()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            delay = attempts.delay_after(exc)
+            if on_retry is not None:
+                on_retry(exc)
+            await asyncio.sleep(delay)

@@ -12,24 +12,22 @@ Storage options are passed to :class:`s3fs.S3FileSystem` (``endpoint_url``, ``ke
 
 * ``part_size_bytes`` (default 16 MiB, at least 5 MiB): multipart threshold and part size.
 * ``max_concurrency`` (default 4): parts of one object uploaded at once.
-* ``retry`` (a :class:`~snapshotkit.storage.RetryPolicy`, a dict of its fields, or an int
-  ``max_attempts``): how transient failures are retried (default: 6 attempts, backoff from 0.2 s
-  up to 10 s with full jitter, no retry later than 120 s after the first attempt).
 
-Every request is one idempotent call retried by the plugin's policy: connection resets and
-timeouts, HTTP 5xx and 429, and the S3 codes ``SlowDown``, ``InternalError``,
-``ServiceUnavailable``, ``RequestTimeout`` and friends. botocore's and s3fs's own retries are
-switched off (unless ``config_kwargs`` sets ``retries``) so attempts never multiply. Refused
-credentials (``AccessDenied``, ``InvalidAccessKeyId``, ``SignatureDoesNotMatch``, any 403) raise
-:class:`~snapshotkit.errors.StoragePermissionError` and a missing bucket
-:class:`~snapshotkit.errors.BucketNotFoundError`, at once.
+Retries are snapshotkit's one retry layer's (:mod:`snapshotkit.storage._retry_layer`, under the
+``retry`` storage option), which retries whole operations; :meth:`S3StoragePlugin.is_transient`
+tells it which failures qualify: connection resets and timeouts, HTTP 5xx and 429, and the S3
+codes ``SlowDown``, ``InternalError``, ``ServiceUnavailable``, ``RequestTimeout`` and friends.
+botocore's and s3fs's own retries are switched off (unless ``config_kwargs`` sets ``retries``)
+so attempts never multiply. Refused credentials (``AccessDenied``, ``InvalidAccessKeyId``,
+``SignatureDoesNotMatch``, any 403) raise :class:`~snapshotkit.errors.StoragePermissionError`
+and a missing bucket :class:`~snapshotkit.errors.BucketNotFoundError`, at once.
 
 The plugin's filesystems are a private ``S3FileSystem`` subclass, so fsspec shares them only
 between snapshotkit plugins with equal options and their settings never leak into other users
 of s3fs in the process.
 
 The plugin is the generic fsspec plugin (:class:`~snapshotkit.storage.FsspecStoragePlugin`)
-with S3's hooks: each request retried and its errors mapped, sizes by ``HeadObject``,
+with S3's hooks: each request's errors mapped, sizes by ``HeadObject``,
 whole-object reads with no size lookup first, ``InvalidRange`` as past the end, and its own
 writes, commit marker, listing and batched ``delete_prefix``.
 """
@@ -47,7 +45,7 @@ from snapshotkit._runtime.loop import to_thread
 from snapshotkit.errors import BucketNotFoundError, ConfigError, StorageError, StoragePermissionError
 from snapshotkit.storage._base import Capabilities, as_buffers
 from snapshotkit.storage._fsspec import FsspecStoragePlugin
-from snapshotkit.storage._retry import RetryPolicy, call_with_retries, is_transient_connection_error
+from snapshotkit.storage._retry import is_transient_error
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -111,7 +109,9 @@ def _http_status(exc: BaseException) -> int | None:
 
 def is_transient(exc: BaseException) -> bool:
     """Whether an S3 request that raised ``exc`` may succeed when retried."""
-    if is_transient_connection_error(exc):
+    if isinstance(exc, (FileNotFoundError, FileExistsError, EOFError, PermissionError, StorageError)):
+        return is_transient_error(exc)  # answers, refused credentials, a missing bucket: no
+    if is_transient_error(exc):
         return True
     status = _http_status(exc)
     return _error_code(exc) in TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429))
@@ -133,7 +133,7 @@ def _join(buffers: list[memoryview], start: int, end: int) -> bytes:
 
 @functools.cache
 def _filesystem_class(base: type[Any]) -> type[Any]:
-    """``s3fs.S3FileSystem`` with s3fs's own retry loop reduced to one attempt (the plugin retries)."""
+    """``s3fs.S3FileSystem`` with s3fs's own retry loop reduced to one attempt (the retry layer retries)."""
     return type("SnapshotkitS3FileSystem", (base,), {"retries": 1, "__module__": __name__})
 
 
@@ -158,10 +158,10 @@ class S3StoragePlugin(FsspecStoragePlugin):
             raise ConfigError(f"part_size_bytes must be at least {MIN_PART_SIZE_BYTES} (S3's minimum part size)")
         if self.max_concurrency < 1:
             raise ConfigError("max_concurrency must be at least 1")
-        self.retry = RetryPolicy.from_option(options.pop("retry", None))
+        options.pop("retry", None)  # the retry layer's option (gone already when opened by URI)
         # No listing cache: another writer (or this plugin's own low-level calls) would make it stale.
         options.setdefault("use_listings_cache", False)
-        # The plugin retries each request itself; botocore's own retries would multiply attempts.
+        # The retry layer retries; botocore's own retries would multiply attempts.
         config = dict(options.pop("config_kwargs", None) or {})
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
         options["config_kwargs"] = config
@@ -179,11 +179,14 @@ class S3StoragePlugin(FsspecStoragePlugin):
     def _key(self, location: str) -> str:
         return f"{self.prefix}/{location}" if self.prefix else location
 
+    def is_transient(self, exc: BaseException) -> bool:
+        return is_transient(exc)
+
     def _request(self, describe: str, function: Callable[[], T]) -> T:
-        """One request under the retry policy; refused credentials and missing buckets mapped."""
+        """One request; refused credentials and missing buckets mapped."""
         try:
-            return call_with_retries(function, describe=describe, policy=self.retry, is_transient=is_transient)
-        except StorageError:  # retries exhausted, or mapped already
+            return function()
+        except StorageError:  # mapped already
             raise
         except Exception as exc:
             # Mapped here, not only by _run: s3fs makes NoSuchBucket a FileNotFoundError, which
@@ -258,10 +261,10 @@ class S3StoragePlugin(FsspecStoragePlugin):
             }
             if not refused:
                 raise
-            # A conditional PUT re-sent after its response was lost (by our retries, or by
-            # aiohttp re-sending on a dropped keep-alive connection) is refused by the object
-            # its first attempt wrote. Exclusive payloads are unique (a manifest names its
-            # take), so an object holding exactly these bytes is this write's own.
+            # A conditional PUT that aiohttp re-sent on a dropped keep-alive connection after
+            # its response was lost is refused by the object its first attempt wrote (the retry
+            # layer checks its own retries the same way). Exclusive payloads are unique (a
+            # manifest names its take), so an object holding exactly these bytes is this write's own.
             if self._read_whole(location) == body:
                 return
             raise FileExistsError(errno.EEXIST, "object exists", self._uri(location)) from None

@@ -12,6 +12,7 @@ import logging
 import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -235,6 +236,9 @@ def test_s3_persistent_failure_gives_up_and_leaves_nothing(proxy: FaultInjecting
         Snapshot.take(path, _state(), storage_options=_options(proxy))
     assert time.monotonic() - started < 30
     assert "retry" in str(info.value)
+    # One retry layer: each request was sent max_attempts times, never max_attempts squared.
+    faulted = Counter(r.path for r in proxy.requests if r.outcome.startswith("fault"))
+    assert max(faulted.values()) == 4, faulted
     proxy.clear()
     with pytest.raises(SnapshotNotFoundError):
         Snapshot(path, storage_options=_options(proxy)).metadata
