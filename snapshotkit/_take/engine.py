@@ -253,7 +253,9 @@ def _wait_for_writes(
         for index, item in enumerate(submitted):
             if error is not None and not cancelled:
                 cancelled = True
-                for rest in submitted[index:]:
+                # Latest first: a queued write is cancelled before the one ahead of it stops and
+                # frees its I/O slot, so no new write starts while the take is being cancelled.
+                for rest in reversed(submitted[index:]):
                     rest.job.cancel()
             try:
                 values = item.job.future.result()
@@ -262,8 +264,8 @@ def _wait_for_writes(
                     error = storage_error(exc, path)
                 continue
             checksums.update(zip(item.plan.slots, values, strict=True))
-    except BaseException:  # interrupted while waiting: stop every write before cleaning up
-        for item in submitted:
+    except BaseException:  # interrupted while waiting: stop every write (latest first) before cleaning up
+        for item in reversed(submitted):
             item.job.cancel()
         raise
     return checksums, error
