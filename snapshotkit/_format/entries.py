@@ -444,7 +444,10 @@ def decode_entry(key: str, raw: object) -> Entry:
     decoder = _DECODERS.get(kind) if isinstance(kind, str) else None
     if decoder is None:
         raise _fail(key, f"unknown entry kind {kind!r}; known kinds: {sorted(_DECODERS)}")
-    return decoder(key, raw)
+    try:
+        return decoder(key, raw)
+    except UnsafeLocationError as exc:  # name the logical path whose location it is
+        raise UnsafeLocationError(f"manifest entry {key!r}: {exc}") from None
 
 
 def is_shared(entry: Entry) -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from snapshotkit._format.checksum import crc32c, format_checksum, parse_checksum
 from snapshotkit._format.entries import Piece
 from snapshotkit._plan.reads import RangeRequest, ReadBatch, plan_read_batches
+from snapshotkit._restore.failures import storage_failure
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import gather_or_cancel, to_thread
 from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError
@@ -104,6 +105,9 @@ async def _run_batch(
                 await plugin.read_into(batch.location, batch.start, buffers)
         except (EOFError, FileNotFoundError) as exc:
             raise _storage_failure(exc, batch.location, [reads[r.tag] for r in batch.requests]) from exc
+        except Exception as exc:
+            paths = [reads[r.tag].logical_path for r in batch.requests]
+            raise storage_failure(exc, location=batch.location, logical_paths=paths)  # noqa: B904
 
         def finish() -> None:
             for read, data in targets:
@@ -133,6 +137,9 @@ async def _run_streamed(
                     await plugin.read_into(read.piece.location, offset, [data])
             except (EOFError, FileNotFoundError) as exc:
                 raise _storage_failure(exc, read.piece.location, [read]) from exc
+            except Exception as exc:
+                location = read.piece.location
+                raise storage_failure(exc, location=location, logical_paths=[read.logical_path])  # noqa: B904
 
             def finish(
                 data: memoryview = data, offset: int = offset, length: int = length, running: int = running
