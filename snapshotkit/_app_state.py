@@ -18,6 +18,11 @@ def validate_app_state(app_state: object) -> dict[str, Stateful]:
     for key, value in app_state.items():
         if not isinstance(key, str) or not key:
             raise InvalidAppStateError(f"app_state keys must be non-empty strings, got {key!r}")
+        if not key.isascii() and not _utf8_encodable(key):
+            raise InvalidAppStateError(
+                f"app_state key {key!r} is not valid Unicode (it holds a lone surrogate) and cannot name "
+                "logical paths in the UTF-8 manifest; use a key without surrogates"
+            )
         if not isinstance(value, Stateful):
             raise InvalidAppStateError(
                 f"app_state[{key!r}] is a {type(value).__name__}, which has no state_dict()/load_state_dict(); "
@@ -27,3 +32,11 @@ def validate_app_state(app_state: object) -> dict[str, Stateful]:
     if len(rng_keys) > 1:
         raise InvalidAppStateError(f"app_state holds {len(rng_keys)} RNGState objects ({rng_keys}); use one")
     return dict(app_state)
+
+
+def _utf8_encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

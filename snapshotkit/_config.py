@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 
-from snapshotkit.errors import ConfigError
+from snapshotkit.errors import ConfigError, InvalidArgumentError
 
 _MIB = 1 << 20
 _GIB = 1 << 30
@@ -21,6 +22,37 @@ _AVAILABLE_MEMORY_FRACTION = 0.6
 _MAX_DEFAULT_BUDGET_BYTES = 32 * _GIB
 #: Lower bound on the default memory budget, so tiny containers still make progress in pieces.
 _MIN_DEFAULT_BUDGET_BYTES = 64 * _MIB
+
+
+#: ``scheme://`` with nothing after it: a URI that names no snapshot.
+_EMPTY_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://$")
+
+
+def snapshot_path(path: object) -> str:
+    """The snapshot path or URI ``path`` names, checked before anything is read or written.
+
+    A local path (plain, or ``file://``) starting with ``~`` is expanded like the shell does.
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a ``str`` or ``os.PathLike`` of one (``None``).
+        ConfigError: ``path`` is empty, blank, or a URI with nothing after ``scheme://``.
+    """
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(text, str):
+        raise InvalidArgumentError(
+            f"the snapshot path must be a str or os.PathLike (a directory or a URI such as s3://bucket/run/step_100), "
+            f"got {type(path).__name__} {path!r}"
+        )
+    if not text.strip() or _EMPTY_URI.match(text):
+        raise ConfigError(
+            f"the snapshot path {text!r} names no location; pass a directory (e.g. 'checkpoints/step_100') or a URI "
+            "with a path after the scheme (e.g. 's3://bucket/run/step_100')"
+        )
+    if text.startswith("~"):
+        return os.path.expanduser(text)
+    if text[:8].lower() == "file://~":
+        return "file://" + os.path.expanduser(text[7:])
+    return text
 
 
 def available_memory_bytes() -> int:

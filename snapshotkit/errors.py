@@ -9,6 +9,7 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     │   └── IncompleteSnapshotError                        data objects but no manifest
     ├── SnapshotExistsError            (FileExistsError)    take onto an existing snapshot
     ├── InvalidAppStateError           (TypeError)          app_state value is not Stateful
+    ├── InvalidArgumentError           (TypeError)          an argument of the wrong type (path=None)
     ├── LogicalPathNotFoundError       (KeyError)           unknown logical path / missing key
     ├── StateMismatchError             (ValueError)         shape/dtype differs (strict)
     ├── ManifestError                  (ValueError)         malformed manifest
@@ -49,6 +50,7 @@ __all__ = [
     "IncompleteSnapshotError",
     "IntegrityError",
     "InvalidAppStateError",
+    "InvalidArgumentError",
     "LogicalPathNotFoundError",
     "ManifestError",
     "ManifestIntegrityError",
@@ -96,6 +98,10 @@ class SnapshotExistsError(SnapshotkitError, FileExistsError):
 
 class InvalidAppStateError(SnapshotkitError, TypeError):
     """An app_state value does not implement ``state_dict``/``load_state_dict``."""
+
+
+class InvalidArgumentError(SnapshotkitError, TypeError):
+    """An argument has a type snapshotkit cannot use (``path=None``, ``obj_out=[1, 2]``)."""
 
 
 class LogicalPathNotFoundError(SnapshotkitError, KeyError):

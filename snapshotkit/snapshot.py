@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from snapshotkit._config import Config
+from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import Entry
@@ -28,14 +28,15 @@ class Snapshot:
 
     Args:
         path: where the snapshot lives: ``/local/dir``, ``file:///dir``, ``memory://name``, or
-            any scheme a registered storage plugin serves.
+            any scheme a registered storage plugin serves (a ``str`` or ``os.PathLike``; a local
+            path starting with ``~`` is expanded).
         pg: the ``torch.distributed`` process group (default: the default group, or world size 1
             when torch.distributed is not initialized).
         storage_options: passed to the storage plugin (credentials, endpoints...).
     """
 
     def __init__(self, path: str, *, pg: Any | None = None, storage_options: dict[str, Any] | None = None) -> None:
-        self.path = str(path)
+        self.path = snapshot_path(path)
         self.pg = pg
         self._storage_options = dict(storage_options or {})
         self._metadata: SnapshotMetadata | None = None
@@ -78,16 +79,21 @@ class Snapshot:
 
         Raises:
             SnapshotExistsError: ``path`` already holds a snapshot (it is never overwritten).
+            InvalidArgumentError: ``path`` is not a ``str`` or ``os.PathLike``.
+            ConfigError: ``path`` is empty (or an argument is out of range).
             InvalidAppStateError: an ``app_state`` value is not Stateful.
-            UnsupportedValueError: a leaf cannot be stored (unpicklable, meta tensor).
+            UnsupportedValueError: a leaf cannot be stored (unpicklable, meta tensor), or
+                containers nest deeper than 1,000 levels.
+            StorageError: the store failed (the plugin's error is the cause).
             RankFailedError: another rank failed (its error is the cause); nothing was committed.
             CollectiveTimeoutError: other ranks did not reach a step of the take in time.
         """
+        where = snapshot_path(path)
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
         group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)
         options = dict(storage_options or {})
         target, metadata = take_engine.take(
-            str(path), app_state, group=group, config=config, replicated=list(replicated or ()), storage_options=options
+            where, app_state, group=group, config=config, replicated=list(replicated or ()), storage_options=options
         )
         snapshot = cls(target, pg=pg, storage_options=options)
         snapshot._metadata = metadata  # None on ranks other than 0: read on first use
@@ -126,11 +132,12 @@ class Snapshot:
             A :class:`PendingSnapshot`: ``wait()`` returns the committed :class:`Snapshot` or
             raises what went wrong; ``done()`` polls.
         """
+        where = snapshot_path(path)
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
         group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)
         options = dict(storage_options or {})
         job = take_engine.async_take(
-            str(path),
+            where,
             app_state,
             group=group,
             config=config,
@@ -151,9 +158,14 @@ class Snapshot:
             SnapshotNotFoundError: nothing is at the path.
             IncompleteSnapshotError: data is there but the take never committed.
             ManifestError: the manifest is malformed or from a newer format version.
+            StorageError: the store failed (the plugin's error is the cause).
         """
+        return self._metadata_for(())
+
+    def _metadata_for(self, wanted: Sequence[str]) -> SnapshotMetadata:
+        """The metadata; errors reading it name the ``wanted`` logical paths."""
         if self._metadata is None:
-            self._metadata = restore_engine.load_metadata(self._plugin, self.path)
+            self._metadata = restore_engine.load_metadata(self._plugin, self.path, wanted)
         return self._metadata
 
     def get_manifest(self) -> dict[str, Entry]:
@@ -188,13 +200,16 @@ class Snapshot:
 
         Raises:
             LogicalPathNotFoundError: an app_state key is not in the snapshot.
-            StateMismatchError: (strict) a tensor or module does not match.
+            StateMismatchError: (strict) a tensor or module does not match; whatever ``strict``
+                says, a destination on the meta device or a module tensor of another shape.
             IntegrityError: stored bytes are corrupt or truncated.
+            StorageError: the store failed (the plugin's error is the cause).
         """
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
         group = resolve_group(self.pg, timeout_seconds=config.collective_timeout_seconds)
+        wanted = sorted(str(key) for key in app_state) if isinstance(app_state, Mapping) else []
         restore_engine.restore(
-            self.metadata,
+            self._metadata_for(wanted),
             app_state,
             path=self.path,
             open_plugin=self._plugin,
@@ -227,12 +242,15 @@ class Snapshot:
 
         Raises:
             LogicalPathNotFoundError: no such logical path (the message lists close matches).
-            StateMismatchError: ``obj_out`` is a tensor of another dtype or shape.
+            InvalidArgumentError: ``path`` is not a ``str``, or ``obj_out`` not a tensor.
+            StateMismatchError: ``obj_out`` is a tensor of another dtype or shape, on the meta
+                device, or the value at ``path`` is not a tensor.
+            StorageError: the store failed (the plugin's error is the cause).
         """
         group = resolve_group(self.pg)
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
         result: T = restore_engine.read_object(
-            self.metadata,
+            self._metadata_for([path] if isinstance(path, str) else []),
             path,
             obj_out,
             path=self.path,

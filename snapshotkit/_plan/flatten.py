@@ -1,9 +1,15 @@
 """App state <-> ``{logical path: leaf}``, reversibly.
 
 Containers of exact type ``dict``, ``OrderedDict``, ``list`` and ``tuple`` are descended; a dict
-is descended only when every key is a ``str`` or an ``int`` and no two keys print the same.
+is descended only when every key is a ``str`` or an ``int``, no two keys print the same, and
+no ``str`` key holds a lone surrogate (the UTF-8 manifest cannot name it: such a dict is a leaf).
 Everything else is a leaf. Logical paths join escaped keys with ``/``; inside a key ``%`` is
 written ``%25`` and ``/`` is written ``%2F`` so paths split unambiguously.
+
+Limits, refused with :class:`~snapshotkit.errors.UnsupportedValueError` naming the path:
+containers nest at most :data:`MAX_NESTING_DEPTH` levels deep (both directions are iterative,
+so any depth a take accepts is restored), and no int, key or leaf, has more than
+:data:`MAX_INT_BITS` bits.
 """
 
 from __future__ import annotations
@@ -22,8 +28,50 @@ from snapshotkit._format.entries import (
     join_path,
     unescape_key,
 )
+from snapshotkit.errors import UnsupportedValueError
 
-__all__ = ["Flattened", "escape_key", "flatten", "inflate", "join_path", "unescape_key"]
+__all__ = [
+    "MAX_INT_BITS",
+    "MAX_NESTING_DEPTH",
+    "Flattened",
+    "escape_key",
+    "fits_inline",
+    "flatten",
+    "inflate",
+    "join_path",
+    "unescape_key",
+]
+
+#: Containers nest at most this deep below an app_state key. Deeper state is refused by take:
+#: logical paths grow with depth, so the manifest would grow with its square.
+MAX_NESTING_DEPTH = 1000
+#: The largest int (leaf or dict key) a snapshot holds, in bits (about 600 decimal digits). Ints
+#: go inline into the JSON manifest, and this is below 640 digits, the least Python's int<->str
+#: conversion limit (``sys.set_int_max_str_digits``) can be set to, so every writer and reader
+#: can convert them. (Stored as objects instead, ints past 255 bytes would not load with
+#: ``weights_only=True``.)
+MAX_INT_BITS = 2000
+
+
+def fits_inline(value: Any) -> bool:
+    """Whether a primitive can be written into the UTF-8 manifest as is (not a str with lone
+    surrogates, which is stored as an object instead)."""
+    if type(value) is str and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+    return True
+
+
+def check_int(path: str, value: int) -> None:
+    """Refuse an int (a leaf, or a key of the dict at ``path``) beyond :data:`MAX_INT_BITS`."""
+    if value.bit_length() > MAX_INT_BITS:
+        raise UnsupportedValueError(
+            f"the int at logical path {path!r} has {value.bit_length()} bits; snapshotkit stores ints of at "
+            f"most {MAX_INT_BITS} bits (about 600 digits) exactly. Store it as a str (str(value), with "
+            "sys.set_int_max_str_digits() raised as needed) or as bytes (value.to_bytes(...)) instead"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +87,12 @@ class Flattened:
     leaves: dict[str, Any]
 
 
-def _is_flattenable_dict(obj: Mapping[Any, Any]) -> bool:
+def _is_flattenable_dict(obj: Mapping[Any, Any], path: str) -> bool:
     seen: set[str] = set()
     for key in obj:
-        if not (isinstance(key, str) or type(key) is int):
+        if type(key) is int:
+            check_int(path, key)
+        elif not isinstance(key, str) or not fits_inline(key):
             return False
         text = str(key)
         if text in seen:
@@ -55,41 +105,64 @@ def flatten(obj: Any, prefix: str) -> Flattened:
     """Split ``obj`` into container entries and leaves, both keyed by logical path, in DFS order.
 
     ``obj`` itself has path ``prefix``; :func:`inflate` rebuilds it.
+
+    Raises:
+        UnsupportedValueError: containers nest deeper than :data:`MAX_NESTING_DEPTH`, or an int
+            key has more than :data:`MAX_INT_BITS` bits.
     """
     containers: dict[str, ContainerEntry] = {}
     leaves: dict[str, Any] = {}
-    stack: list[tuple[str, Any]] = [(prefix, obj)]
+    stack: list[tuple[str, Any, int]] = [(prefix, obj, 0)]
     while stack:
-        path, value = stack.pop()
+        path, value, depth = stack.pop()
         kind = type(value)
-        children: list[tuple[str, Any]]
-        if (kind is dict or kind is OrderedDict) and _is_flattenable_dict(value):
-            containers[path] = DictEntry(tuple(value.keys()), ordered=kind is OrderedDict)
+        entry: ContainerEntry
+        if (kind is dict or kind is OrderedDict) and _is_flattenable_dict(value, path):
+            entry = DictEntry(tuple(value.keys()), ordered=kind is OrderedDict)
             children = [(join_path(path, k), v) for k, v in value.items()]
-        elif kind is list:
-            containers[path] = ListEntry(len(value))
-            children = [(join_path(path, i), v) for i, v in enumerate(value)]
-        elif kind is tuple:
-            containers[path] = TupleEntry(len(value))
+        elif kind is list or kind is tuple:
+            entry = ListEntry(len(value)) if kind is list else TupleEntry(len(value))
             children = [(join_path(path, i), v) for i, v in enumerate(value)]
         else:
             leaves[path] = value
             continue
-        stack.extend(reversed(children))
+        if depth >= MAX_NESTING_DEPTH:
+            raise UnsupportedValueError(
+                f"the state nests containers more than {MAX_NESTING_DEPTH} levels deep at logical path "
+                f"{path[:200]!r}{'...' if len(path) > 200 else ''}; snapshotkit stores at most "
+                f"{MAX_NESTING_DEPTH} levels. Flatten the structure, or return it from state_dict() as one "
+                "object (e.g. a class instance) to store it with torch.save"
+            )
+        containers[path] = entry
+        stack.extend((child, item, depth + 1) for child, item in reversed(children))
     return Flattened(containers, leaves)
 
 
 def inflate(prefix: str, containers: Mapping[str, ContainerEntry], leaves: Mapping[str, Any]) -> Any:
-    """Rebuild the object at ``prefix`` from :func:`flatten`'s output.
+    """Rebuild the object at ``prefix`` from :func:`flatten`'s output (iteratively: any depth).
 
     Raises:
         KeyError: a child the container entry names has neither a container nor a leaf.
     """
     if prefix in leaves:
         return leaves[prefix]
-    entry = containers[prefix]
-    if isinstance(entry, DictEntry):
-        items = [(k, inflate(join_path(prefix, k), containers, leaves)) for k in entry.keys]
-        return OrderedDict(items) if entry.ordered else dict(items)
-    values = [inflate(join_path(prefix, i), containers, leaves) for i in range(entry.length)]
-    return tuple(values) if isinstance(entry, TupleEntry) else values
+    built: dict[str, Any] = {}
+    # Depth first: a container is visited once to push its child containers, and again, after
+    # they were all built, to build itself.
+    stack: list[tuple[str, bool]] = [(prefix, False)]
+    while stack:
+        path, children_built = stack.pop()
+        entry = containers[path]
+        names: list[str | int] = list(entry.keys) if isinstance(entry, DictEntry) else list(range(entry.length))
+        children = [join_path(path, name) for name in names]
+        if not children_built:
+            stack.append((path, True))
+            stack.extend((child, False) for child in children if child not in leaves)
+            continue
+        values = [leaves[child] if child in leaves else built.pop(child) for child in children]
+        if isinstance(entry, DictEntry):
+            items = list(zip(entry.keys, values, strict=True))
+            built[path] = OrderedDict(items) if entry.ordered else dict(items)
+        else:
+            built[path] = tuple(values) if isinstance(entry, TupleEntry) else values
+    return built[prefix]

@@ -7,64 +7,80 @@ manifest (:func:`load_metadata`)  ->  plan reads for the leaves wanted (:mod:`.p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from snapshotkit._app_state import validate_app_state
 from snapshotkit._config import Config
 from snapshotkit._dist import Group
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import METADATA_FILENAME, Entry, TensorEntry
+from snapshotkit._format.entries import METADATA_FILENAME, Entry, ShardedTensorEntry, TensorEntry
+from snapshotkit._format.sharded import destination_boxes
 from snapshotkit._plan.flatten import inflate
+from snapshotkit._restore.failures import describe_paths, open_failure, storage_failure
 from snapshotkit._restore.fetch import check_extents, read_pieces
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
-from snapshotkit._restore.plan import close_matches, missing_key_hint, plan_restore, rank_view, subtree
+from snapshotkit._restore.plan import (
+    check_destination,
+    close_matches,
+    missing_key_hint,
+    plan_restore,
+    rank_view,
+    subtree,
+)
 from snapshotkit._runtime.budget import MemoryBudget
+from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.loop import run_sync
 from snapshotkit.errors import (
-    BucketNotFoundError,
     IncompleteSnapshotError,
+    InvalidArgumentError,
     LogicalPathNotFoundError,
     ManifestError,
+    SnapshotkitError,
     SnapshotNotFoundError,
+    StateMismatchError,
 )
+from snapshotkit.stateful import Stateful
 from snapshotkit.storage import StoragePlugin
 
 OpenPlugin = Callable[[], StoragePlugin]
 
 
-def load_metadata(open_plugin: OpenPlugin, path: str) -> SnapshotMetadata:
-    """Read and decode the manifest of the snapshot at ``path``.
+def load_metadata(open_plugin: OpenPlugin, path: str, wanted: Sequence[str] = ()) -> SnapshotMetadata:
+    """Read and decode the manifest of the snapshot at ``path``; errors name the ``wanted`` logical paths.
 
     Raises:
         SnapshotNotFoundError: nothing is at the path.
         IncompleteSnapshotError: data is there but the take never committed.
         ManifestError: the manifest is malformed or from a newer format version.
+        StorageError: the store failed (the plugin's error is the cause).
     """
-    with gc_paused():
-        return run_sync(_load_metadata(open_plugin(), path))
+    try:
+        with gc_paused():
+            return run_sync(_load_metadata(_open(open_plugin, path), path, wanted))
+    except Exception as exc:
+        drop_frames(exc)
+        raise
 
 
-async def _load_metadata(plugin: StoragePlugin, path: str) -> SnapshotMetadata:
+def _open(open_plugin: OpenPlugin, path: str) -> StoragePlugin:
+    try:
+        return open_plugin()
+    except Exception as exc:
+        raise open_failure(exc, path)  # noqa: B904 - the cause is set by open_failure
+
+
+async def _load_metadata(plugin: StoragePlugin, path: str, wanted: Sequence[str]) -> SnapshotMetadata:
     try:
         try:
             text = await plugin.read(METADATA_FILENAME)
-        except BucketNotFoundError:
-            raise
-        except FileNotFoundError:
-            leftovers: list[str] = []
-            if plugin.capabilities.listing:
-                leftovers = await plugin.list("")
-            if leftovers:
-                raise IncompleteSnapshotError(
-                    f"{path!r} holds {len(leftovers)} object(s) but no {METADATA_FILENAME}: the take that "
-                    "wrote it never committed (it failed or was interrupted), so it is not a snapshot. "
-                    "Restore from an earlier snapshot and delete this path"
-                ) from None
-            raise SnapshotNotFoundError(
-                f"no snapshot at {path!r} (no {METADATA_FILENAME} there); check the path"
-            ) from None
+        except FileNotFoundError as exc:
+            if isinstance(exc, SnapshotkitError):  # BucketNotFoundError: the store, not the snapshot, is missing
+                raise storage_failure(exc, location=METADATA_FILENAME, logical_paths=wanted, path=path)  # noqa: B904
+            raise await _not_found(plugin, path, wanted) from None
+        except Exception as exc:
+            raise storage_failure(exc, location=METADATA_FILENAME, logical_paths=wanted, path=path)  # noqa: B904
     finally:
         await plugin.close()
     try:
@@ -73,23 +89,48 @@ async def _load_metadata(plugin: StoragePlugin, path: str) -> SnapshotMetadata:
         raise type(exc)(f"{path}/{METADATA_FILENAME}: {exc}") from None
 
 
-def _fetch(open_plugin: OpenPlugin, loader: LeafLoader, config: Config) -> None:
-    async def run() -> None:
-        plugin = open_plugin()
+async def _not_found(plugin: StoragePlugin, path: str, wanted: Sequence[str]) -> SnapshotNotFoundError:
+    """Why there is no manifest at ``path``: nothing there, or the leftovers of a take that never committed."""
+    leftovers: list[str] = []
+    if plugin.capabilities.listing:
         try:
-            await check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency)
-            loader.allocate()
-            await read_pieces(
-                plugin,
-                loader.reads,
-                budget=MemoryBudget(config.memory_budget_bytes),
-                io_concurrency=config.io_concurrency,
-                verify=config.verify_checksums,
+            leftovers = await plugin.list("")
+        except Exception as exc:
+            error = storage_failure(
+                exc, location=None, logical_paths=wanted, path=path, action="listing the objects of"
             )
-        finally:
-            await plugin.close()
+            raise error  # noqa: B904 - the cause is set
+    asked = f"cannot read {describe_paths(wanted)}: " if wanted else ""
+    if leftovers:
+        shown = ", ".join(repr(name) for name in leftovers[:3]) + (" ..." if len(leftovers) > 3 else "")
+        return IncompleteSnapshotError(
+            f"{asked}{path!r} holds {len(leftovers)} object(s) ({shown}) but no {METADATA_FILENAME}: the take "
+            "that wrote it never committed (it failed or was interrupted), so it is not a snapshot and none of "
+            "its logical paths can be read. Restore from an earlier snapshot and delete this path"
+        )
+    return SnapshotNotFoundError(f"{asked}no snapshot at {path!r} (no {METADATA_FILENAME} there); check the path")
 
-    run_sync(run())
+
+def _fetch(open_plugin: OpenPlugin, path: str, loader: LeafLoader, config: Config) -> None:
+    run_sync(_read_and_close(_open(open_plugin, path), loader, config))
+
+
+async def _read_and_close(plugin: StoragePlugin, loader: LeafLoader, config: Config) -> None:
+    # Not a closure: a failure's traceback holds this frame and the frame its function, so the
+    # destinations a closure captured would live as long as the error.
+    try:
+        # Claimed pieces are proven against the data objects before anything is allocated for them.
+        await check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency)
+        loader.allocate()
+        await read_pieces(
+            plugin,
+            loader.reads,
+            budget=MemoryBudget(config.memory_budget_bytes),
+            io_concurrency=config.io_concurrency,
+            verify=config.verify_checksums,
+        )
+    finally:
+        await plugin.close()
 
 
 def restore(
@@ -110,7 +151,10 @@ def restore(
         _restore_rank(metadata, app_state, path, open_plugin, group.rank, config, strict, weights_only)
     except Exception as exc:
         error = exc
-    group.exchange(None, error, "restore: loading the state")
+    try:
+        group.exchange(None, error, "restore: loading the state")
+    finally:
+        error = None  # this frame is in the error's traceback: no reference cycle through it
 
 
 def _restore_rank(
@@ -124,6 +168,25 @@ def _restore_rank(
     weights_only: bool,
 ) -> None:
     states_of = validate_app_state(app_state)
+    try:
+        steps = _plan_and_fetch(metadata, states_of, path, open_plugin, rank, config, strict, weights_only)
+    except Exception as exc:
+        drop_frames(exc)  # the failed fetch's buffers and fresh tensors go now, not at the next collection
+        raise
+    for step in steps:
+        step()
+
+
+def _plan_and_fetch(
+    metadata: SnapshotMetadata,
+    states_of: dict[str, Stateful],
+    path: str,
+    open_plugin: OpenPlugin,
+    rank: int,
+    config: Config,
+    strict: bool,
+    weights_only: bool,
+) -> list[Callable[[], None]]:
     loader = LeafLoader(weights_only=weights_only)
     with gc_paused():
         steps = plan_restore(
@@ -134,9 +197,8 @@ def _restore_rank(
             snapshot_path=path,
             hint=lambda key: missing_key_hint(metadata, key, rank),
         )
-        _fetch(open_plugin, loader, config)
-    for step in steps:
-        step()
+        _fetch(open_plugin, path, loader, config)
+    return steps
 
 
 def read_object(
@@ -151,22 +213,70 @@ def read_object(
     weights_only: bool,
 ) -> Any:
     """One value (or a container's whole subtree) by logical path, reading nothing else."""
+    try:
+        return _read_object(metadata, logical_path, obj_out, path, open_plugin, rank, config, weights_only)
+    except Exception as exc:
+        drop_frames(exc)  # the failed read's buffers go now, not at the next collection
+        raise
+
+
+def _read_object(
+    metadata: SnapshotMetadata,
+    logical_path: str,
+    obj_out: Any,
+    path: str,
+    open_plugin: OpenPlugin,
+    rank: int,
+    config: Config,
+    weights_only: bool,
+) -> Any:
+    if not isinstance(logical_path, str):
+        raise InvalidArgumentError(
+            f"read_object takes a logical path as a str (e.g. 'model/layer1.weight'), got "
+            f"{type(logical_path).__name__} {logical_path!r}. List the paths with Snapshot(path).get_manifest()"
+        )
     view, logical = _resolve_logical_path(metadata, logical_path, rank, path)
     entry = view[logical]
+    if obj_out is not None:
+        _check_obj_out(logical, entry, obj_out)
     loader = LeafLoader(weights_only=weights_only)
-    if isinstance(entry, TensorEntry) and obj_out is not None:
-        import torch
-
-        if isinstance(obj_out, torch.Tensor) and not tensor_matches(entry, obj_out):
-            raise describe_mismatch(logical, entry, obj_out)
     containers, leaves = subtree(view, logical)
     with gc_paused():
         if containers:
             thunks = {p: loader.add(p, e) for p, e in leaves.items()}
         else:
             thunks = {logical: loader.add(logical, entry, obj_out)}
-        _fetch(open_plugin, loader, config)
+        _fetch(open_plugin, path, loader, config)
     return inflate(logical, containers, {p: thunk() for p, thunk in thunks.items()})
+
+
+def _check_obj_out(logical_path: str, entry: Entry, obj_out: Any) -> None:
+    """Refuse an ``obj_out`` that read_object could not load into, before anything is read."""
+    import torch
+
+    if not isinstance(obj_out, torch.Tensor):
+        raise InvalidArgumentError(
+            f"obj_out must be a tensor to load {logical_path!r} into, got {type(obj_out).__name__}; "
+            "pass obj_out=None to get the stored value returned"
+        )
+    if not isinstance(entry, (TensorEntry, ShardedTensorEntry)):
+        raise StateMismatchError(
+            f"cannot load {logical_path!r} into obj_out: the snapshot holds a {entry.kind} there, not a tensor. "
+            "Pass obj_out=None to get the stored value returned"
+        )
+    check_destination(logical_path, entry, obj_out, module=False)
+    if isinstance(entry, TensorEntry):
+        if not tensor_matches(entry, obj_out):
+            raise describe_mismatch(logical_path, entry, obj_out)
+        return
+    dtype = str(obj_out.dtype).removeprefix("torch.")
+    # A DTensor/ShardedTensor obj_out is checked when its reads are planned.
+    if destination_boxes(obj_out) is None and (dtype != entry.dtype or tuple(obj_out.shape) != entry.shape):
+        raise StateMismatchError(
+            f"cannot load {logical_path!r} into obj_out: the snapshot has dtype {entry.dtype} shape "
+            f"{list(entry.shape)}, obj_out has dtype {dtype} shape {list(obj_out.shape)}. "
+            "Pass a tensor of the saved dtype and shape, or obj_out=None to get a new tensor"
+        )
 
 
 def _resolve_logical_path(

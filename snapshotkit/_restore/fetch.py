@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from snapshotkit._format.checksum import crc32c, format_checksum, parse_checksum
 from snapshotkit._format.entries import Piece
 from snapshotkit._plan.reads import RangeRequest, ReadBatch, plan_read_batches
+from snapshotkit._restore.failures import storage_failure
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import gather_or_cancel, to_thread
 from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError, UnsafeStorageObjectError
@@ -120,6 +121,9 @@ async def _run_batch(
                 await plugin.read_into(batch.location, batch.start, buffers)
         except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
             raise _storage_failure(exc, batch.location, [reads[r.tag].logical_path for r in batch.requests]) from exc
+        except Exception as exc:
+            paths = [reads[r.tag].logical_path for r in batch.requests]
+            raise storage_failure(exc, location=batch.location, logical_paths=paths)  # noqa: B904
 
         def finish() -> None:
             for read, data in targets:
@@ -149,6 +153,9 @@ async def _run_streamed(
                     await plugin.read_into(read.piece.location, offset, [data])
             except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
                 raise _storage_failure(exc, read.piece.location, [read.logical_path]) from exc
+            except Exception as exc:
+                location = read.piece.location
+                raise storage_failure(exc, location=location, logical_paths=[read.logical_path])  # noqa: B904
 
             def finish(
                 data: memoryview = data, offset: int = offset, length: int = length, running: int = running
@@ -184,6 +191,8 @@ async def check_extents(plugin: StoragePlugin, claims: Iterable[Claim], *, io_co
                 data = await plugin.read(location, ByteRange(end - 1, end))
         except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
             raise _storage_failure(exc, location, paths[location]) from exc
+        except Exception as exc:
+            raise storage_failure(exc, location=location, logical_paths=sorted(paths[location]))  # noqa: B904
         if len(data) != 1:
             raise _storage_failure(EOFError(f"byte {end - 1} is past the end"), location, paths[location])
 

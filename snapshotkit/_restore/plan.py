@@ -134,6 +134,8 @@ def plan_restore(
         thunks: dict[str, Callable[[], Any]] = {}
         for path, entry in leaves.items():
             destination = destinations.get(path)
+            if isinstance(destination, torch.Tensor):
+                check_destination(path, entry, destination, module=isinstance(stateful, torch.nn.Module))
             if (
                 isinstance(entry, TensorEntry)
                 and isinstance(destination, torch.Tensor)
@@ -145,6 +147,27 @@ def plan_restore(
             thunks[path] = loader.add(path, entry, destination)
         steps.append((isinstance(stateful, RNGState), _load_step(stateful, root, containers, thunks, strict)))
     return [step for _, step in sorted(steps, key=lambda s: s[0])]
+
+
+def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor, *, module: bool) -> None:
+    """Refuse destinations nothing can be loaded into, whatever ``strict`` says, before any read.
+
+    A tensor on the meta device has no memory (filling it would silently do nothing); a module's
+    ``load_state_dict()`` refuses a tensor of another shape even with ``strict=False``, after
+    other tensors were already filled in place.
+    """
+    if destination.is_meta:
+        raise StateMismatchError(
+            f"cannot restore {logical_path!r} into a tensor on the meta device: it has no memory to load into. "
+            "Materialize the object first (e.g. module.to_empty(device='cpu')), then restore"
+        )
+    shape = getattr(entry, "shape", None)
+    if module and shape is not None and tuple(destination.shape) != tuple(shape):
+        raise StateMismatchError(
+            f"cannot restore {logical_path!r}: the snapshot has shape {list(shape)}, the module's tensor shape "
+            f"{list(destination.shape)}, and a module's load_state_dict() refuses other shapes even with "
+            "strict=False. Build the module with the saved shapes, or read the value with Snapshot.read_object()"
+        )
 
 
 def _check_module_keys(key: str, saved: set[str], current: set[str]) -> None:

@@ -119,14 +119,9 @@ class Spawned(Generic[T]):
 
     def __init__(self, coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> None:
         self._finished = threading.Event()
-
-        async def tracked() -> T:
-            try:
-                return await coro
-            finally:
-                self._finished.set()  # set only after the coroutine's own clean-up ran
-
-        self.future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(tracked(), loop)
+        self.future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
+            _tracked(coro, self._finished), loop
+        )
 
     def result(self, timeout: float | None = None) -> T:
         return self.future.result(timeout)
@@ -138,6 +133,16 @@ class Spawned(Generic[T]):
             # task may still be cleaning up, so wait for the coroutine itself to finish.
             self.future.cancel()
             self._finished.wait(timeout=_CANCEL_CLEANUP_TIMEOUT_S)
+
+
+async def _tracked(coro: Coroutine[Any, Any, T], finished: threading.Event) -> T:
+    # Not a closure over the Spawned: a failure's traceback holds this frame, and the frame its
+    # function, so a closure would make a reference cycle (error -> frame -> Spawned -> future
+    # -> error) that keeps everything the failed coroutine touched alive until a collection.
+    try:
+        return await coro
+    finally:
+        finished.set()  # set only after the coroutine's own clean-up ran
 
 
 def spawn(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | None = None) -> Spawned[T]:
@@ -172,8 +177,21 @@ async def to_thread(func: Any, *args: Any) -> Any:
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
+        # shield() stops watching ``future`` once the awaiting side is cancelled: retrieve its
+        # exception here (the cancellation is what propagates), or asyncio logs "Future exception
+        # was never retrieved" when it is collected.
+        future.add_done_callback(_retrieve_exception)
         await asyncio.wait([future])
         raise
+    finally:
+        # A failure's traceback holds this frame, and the future holds the failure: without
+        # this, the pair is a reference cycle that keeps ``args`` (buffers) alive until a collection.
+        del future
+
+
+def _retrieve_exception(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def gather_or_cancel(awaitables: Iterable[Awaitable[Any]]) -> list[Any]:

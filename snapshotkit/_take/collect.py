@@ -17,7 +17,7 @@ from snapshotkit._format.dtypes import RAW_ITEMSIZE
 from snapshotkit._format.entries import ContainerEntry, PrimitiveEntry, escape_key, join_path
 from snapshotkit._format.serialization import RAW, dtype_name, serialize_object, tensor_serializer
 from snapshotkit._format.sharded import is_sharded, local_shards
-from snapshotkit._plan.flatten import flatten
+from snapshotkit._plan.flatten import check_int, fits_inline, flatten
 from snapshotkit._plan.leaves import Leaf, LocalState, ObjectLeaf, Payload, ShardBox, ShardedLeaf, TensorLeaf
 from snapshotkit.errors import UnsupportedValueError
 from snapshotkit.stateful import RNGState, Stateful
@@ -75,7 +75,9 @@ def describe_state(states: Mapping[str, Any]) -> LocalState:
                 leaves[path] = _describe_sharded(path, leaf, payloads)
             elif isinstance(leaf, torch.Tensor):
                 leaves[path] = _describe_tensor(path, leaf, payloads, by_identity)
-            elif leaf is None or (type(leaf) in _PRIMITIVE_TYPES and _utf8_encodable(leaf)):
+            elif leaf is None or (type(leaf) in _PRIMITIVE_TYPES and fits_inline(leaf)):
+                if type(leaf) is int:
+                    check_int(path, leaf)
                 leaves[path] = PrimitiveEntry.of(leaf, False)
             else:
                 payloads.append(Payload.of_bytes(_serialize(path, leaf)))
@@ -133,17 +135,6 @@ def _describe_tensor(
     if identity is not None:
         by_identity[identity] = (len(payloads) - 1, path)
     return TensorLeaf(len(payloads) - 1, dtype, shape, serializer)
-
-
-def _utf8_encodable(value: Any) -> bool:
-    """Strings with lone surrogates cannot go inline into the UTF-8 manifest; they are pickled."""
-    if type(value) is not str or value.isascii():
-        return True
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _serialize(path: str, value: Any) -> bytes:

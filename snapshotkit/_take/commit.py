@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
@@ -27,9 +27,9 @@ from snapshotkit._dist import Rendezvous
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME, Entry, format_version_for
 from snapshotkit._plan.decide import Decision
-from snapshotkit._plan.layout import PieceSlot
+from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.merge import RankResult, finish_rank, merge_results
-from snapshotkit._plan.rank_plan import TakePlan
+from snapshotkit._plan.rank_plan import PendingObject, PendingTensor, TakePlan
 from snapshotkit._runtime.loop import run_sync
 from snapshotkit._version import __version__
 from snapshotkit.errors import SnapshotExistsError, SnapshotkitError, StorageError
@@ -48,17 +48,48 @@ class CommitPlan:
     world_size: int
 
 
-def storage_error(exc: BaseException, path: str) -> BaseException:
-    """The error a take raises for ``exc``: storage failures become :class:`StorageError`
-    (with ``exc`` as the cause); snapshotkit's own errors and everything else pass unchanged."""
-    if isinstance(exc, OSError) and not isinstance(exc, SnapshotkitError):
-        error = StorageError(
-            f"writing the snapshot at {path!r} failed: {type(exc).__name__}: {exc}. Nothing was committed; "
-            "check the path, permissions and free space, then take again"
-        )
-        error.__cause__ = exc
-        return error
-    return exc
+def storage_error(
+    exc: BaseException,
+    path: str,
+    *,
+    location: str | None = None,
+    logical_paths: Iterable[str] = (),
+    action: str = "writing",
+) -> BaseException:
+    """The error a take raises for ``exc``, which a storage call (``action`` ``location``) raised.
+
+    The one place the take side wraps storage failures: any exception a plugin raises becomes a
+    :class:`StorageError` naming the path, the location and the logical paths stored there, with
+    ``exc`` as the cause; a ``StorageError`` the plugin raised itself keeps its class and gains the
+    same context. Snapshotkit's other errors, and interrupts, pass unchanged.
+    """
+    if not isinstance(exc, Exception) or (isinstance(exc, SnapshotkitError) and not isinstance(exc, StorageError)):
+        return exc
+    paths = sorted(set(logical_paths))
+    holding = ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    target = f"{location!r} of the snapshot at {path!r}" if location is not None else f"the storage at {path!r}"
+    what = f"{action} {target}" + (f" (holding {holding})" if holding else "")
+    detail = str(exc) if isinstance(exc, StorageError) else f"{type(exc).__name__}: {exc}"
+    message = (
+        f"{what} failed: {detail}. Nothing was committed; check the path, permissions and free space "
+        "(and that the store is reachable), then take again"
+    )
+    error: BaseException = StorageError(message)
+    if isinstance(exc, StorageError):
+        with contextlib.suppress(TypeError):  # a subclass with another constructor keeps StorageError
+            error = type(exc)(message)
+    error.__cause__ = exc
+    return error
+
+
+def logical_paths_in(plan: TakePlan, data_object: DataObjectPlan) -> list[str]:
+    """The logical paths with pieces in ``data_object`` (for error messages)."""
+    payloads = {slot.payload for slot in data_object.slots}
+    paths = {key.path for key, slot in plan.shared_slots.items() if slot.location == data_object.location}
+    for key, entry in plan.entries.items():
+        if isinstance(entry, (PendingTensor, PendingObject)) and entry.payload in payloads:
+            paths.add(key.partition("/")[2])
+    return sorted(paths)
 
 
 def build_metadata(manifest: dict[str, Entry], world_size: int) -> SnapshotMetadata:
@@ -77,14 +108,16 @@ def _plugin(commit: CommitPlan) -> StoragePlugin:
     return open_storage_plugin(commit.path, dict(commit.storage_options))
 
 
-async def _write_manifest(plugin: StoragePlugin, metadata: SnapshotMetadata, path: str) -> None:
+async def _write_manifest(plugin: StoragePlugin, document: bytes, path: str) -> None:
     try:
-        await plugin.write_exclusive(METADATA_FILENAME, metadata.to_bytes())
+        await plugin.write_exclusive(METADATA_FILENAME, document)
     except FileExistsError:
         raise SnapshotExistsError(
             f"another take committed a snapshot at {path!r} while this one was writing; "
             "this take's data was discarded. Use a new path for every snapshot"
         ) from None
+    except Exception as exc:
+        raise storage_error(exc, path, location=METADATA_FILENAME)  # noqa: B904 - the cause is set
     finally:
         await plugin.close()
 
@@ -130,8 +163,9 @@ def run_commit(
         assert results is not None
         try:
             metadata = build_metadata(merge_results(results, commit.decision, commit.layouts), commit.world_size)
-            run_sync(_write_manifest(_plugin(commit), metadata, commit.path))
+            document = metadata.to_bytes()
+            run_sync(_write_manifest(_plugin(commit), document, commit.path))
         except Exception as exc:
-            commit_error = storage_error(exc, commit.path)
+            commit_error = exc
     rendezvous.settle(commit_error, steps[1])
     return metadata

@@ -17,6 +17,7 @@ shared-memory segment, writes them with the storage plugin for ``path`` (at most
 from __future__ import annotations
 
 import asyncio
+import gc
 import multiprocessing.connection
 import sys
 import threading
@@ -26,6 +27,7 @@ from typing import Any
 
 from snapshotkit._dist import portable
 from snapshotkit._format.checksum import crc32c
+from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._take.writers import plugin_key
 from snapshotkit.storage import StoragePlugin, open_storage_plugin, register_storage_plugin
 
@@ -87,6 +89,9 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
         except BaseException as exc:  # reported to the trainer, which raises it from wait()
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             reply(("error", job, portable(exc), text))
+            # The frames of the failed write (the plugin's among them) hold views of the shared
+            # memory segment; left to the garbage collector, they make closing it raise BufferError.
+            drop_frames(exc)
 
     def receive() -> None:
         while True:
@@ -108,6 +113,7 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
     loop.run_forever()
     for plugin in plugins.values():
         loop.run_until_complete(plugin.close())
+    gc.collect()  # views of the segments that only reference cycles still hold
     for segment in segments.values():
         segment.close()
 

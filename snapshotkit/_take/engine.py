@@ -26,9 +26,10 @@ from snapshotkit._config import Config
 from snapshotkit._dist import CollectiveRendezvous, Group, Rendezvous, StoreRendezvous
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
+from snapshotkit._plan.rank_plan import TakePlan
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.gc import gc_paused
-from snapshotkit._take.commit import CommitPlan, discard, run_commit, storage_error
+from snapshotkit._take.commit import CommitPlan, discard, logical_paths_in, run_commit, storage_error
 from snapshotkit._take.prepare import PreparedTake, prepare_take
 from snapshotkit._take.stage import StagedObject
 from snapshotkit._take.writers import InlineWriter, Target, WriteJob, Writer, background_writer, shutdown_writers
@@ -243,7 +244,7 @@ def _releaser(writer: Writer, budget: MemoryBudget, staged: StagedObject, cost: 
 
 
 def _wait_for_writes(
-    submitted: Sequence[_Submitted], error: BaseException | None, path: str
+    submitted: Sequence[_Submitted], error: BaseException | None, path: str, plan: TakePlan
 ) -> tuple[dict[PieceSlot, int], BaseException | None]:
     """The checksum of every slot written, and the first error. After an error, the remaining
     writes are cancelled (where the writer can) and waited for, so nothing writes once this returns."""
@@ -261,7 +262,8 @@ def _wait_for_writes(
                 values = item.job.future.result()
             except BaseException as exc:
                 if error is None:
-                    error = storage_error(exc, path)
+                    paths = logical_paths_in(plan, item.plan)
+                    error = storage_error(exc, path, location=item.plan.location, logical_paths=paths)
                 continue
             checksums.update(zip(item.plan.slots, values, strict=True))
     except BaseException:  # interrupted while waiting: stop every write (latest first) before cleaning up
@@ -284,7 +286,7 @@ def _finish(
 ) -> None:
     """Wait for this rank's writes, then commit; on any failure delete what this rank wrote."""
     try:
-        checksums, error = _wait_for_writes(submitted, error, commit.path)
+        checksums, error = _wait_for_writes(submitted, error, commit.path, commit.plan)
         metadata = run_commit(commit, rendezvous, rank=rank, checksums=checksums, error=error, steps=steps)
     except BaseException as exc:
         discard(commit, [item.plan.location for item in submitted])

@@ -22,7 +22,8 @@ from snapshotkit._plan.rank_plan import TakePlan, plan_rank
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.loop import run_sync
 from snapshotkit._take.collect import collect_state, ddp_replicated_patterns, describe_state
-from snapshotkit.errors import SnapshotExistsError
+from snapshotkit._take.commit import storage_error
+from snapshotkit.errors import SnapshotExistsError, SnapshotkitError
 from snapshotkit.storage import StoragePlugin
 
 
@@ -65,7 +66,7 @@ def prepare_take(
     try:
         states_of = validate_app_state(app_state)
         if group.rank == 0:
-            run_sync(_refuse_existing(open_plugin(path), path))
+            run_sync(_refuse_existing(_open(open_plugin, path), path))
         states = collect_state(states_of)
         patterns = list(dict.fromkeys([*replicated, *ddp_replicated_patterns(states_of)]))
         with gc_paused():
@@ -91,9 +92,22 @@ def prepare_take(
     return PreparedTake(infos[0].path, take_id, local, decision, plan)
 
 
+def _open(open_plugin: Callable[[str], StoragePlugin], path: str) -> StoragePlugin:
+    try:
+        return open_plugin(path)
+    except SnapshotkitError:  # an unknown scheme, a missing optional dependency: already explained
+        raise
+    except Exception as exc:
+        raise storage_error(exc, path, action="opening")  # noqa: B904 - the cause is set
+
+
 async def _refuse_existing(plugin: StoragePlugin, path: str) -> None:
     try:
-        if await plugin.exists(METADATA_FILENAME):
+        try:
+            exists = await plugin.exists(METADATA_FILENAME)
+        except Exception as exc:
+            raise storage_error(exc, path, location=METADATA_FILENAME, action="checking for")  # noqa: B904
+        if exists:
             raise SnapshotExistsError(
                 f"a snapshot already exists at {path!r}; snapshotkit never overwrites one. "
                 "Take to a new path (e.g. one per step), or delete the old snapshot first"

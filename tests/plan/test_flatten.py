@@ -1,13 +1,23 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from snapshotkit._plan.flatten import escape_key, flatten, inflate, unescape_key
+from snapshotkit._plan.flatten import (
+    MAX_INT_BITS,
+    MAX_NESTING_DEPTH,
+    escape_key,
+    fits_inline,
+    flatten,
+    inflate,
+    unescape_key,
+)
+from snapshotkit.errors import UnsupportedValueError
 from snapshotkit.manifest import DictEntry, ListEntry, TupleEntry
 
 
@@ -135,3 +145,50 @@ def test_any_key_escapes_to_one_path_component(key: str) -> None:
     escaped = escape_key(key)
     assert "/" not in escaped
     assert unescape_key(escaped) == key
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    root: dict[str, Any] = {}
+    node = root
+    for _ in range(depth - 1):
+        node["d"] = {}
+        node = node["d"]
+    node["leaf"] = 1
+    return root
+
+
+def _depth(value: dict[str, Any]) -> int:
+    depth = 1
+    while "d" in value:
+        value, depth = value["d"], depth + 1
+    return depth if value.get("leaf") == 1 else -1
+
+
+def test_inflate_rebuilds_the_deepest_nesting_flatten_accepts_without_recursion() -> None:
+    # Before: inflate recursed once per level, so state nested 500 deep was taken but its
+    # restore raised RecursionError.
+    flat = flatten(_nested(MAX_NESTING_DEPTH), "root")
+    assert len(flat.containers) == MAX_NESTING_DEPTH
+    assert _depth(inflate("root", flat.containers, flat.leaves)) == MAX_NESTING_DEPTH
+
+
+def test_flatten_refuses_nesting_deeper_than_the_limit_naming_the_path() -> None:
+    with pytest.raises(UnsupportedValueError, match=f"more than {MAX_NESTING_DEPTH} levels.*'root/d/d/d"):
+        flatten(_nested(MAX_NESTING_DEPTH + 1), "root")
+
+
+def test_a_dict_with_a_key_the_manifest_cannot_hold_is_a_leaf() -> None:
+    # Before: a dict key with a lone surrogate reached the UTF-8 manifest: a raw UnicodeEncodeError
+    # at commit, after every data object was written.
+    odd = {"bad \udcff key": 1}
+    flat = flatten({"ok": odd}, "root")
+    assert flat.leaves["root/ok"] is odd
+    assert "root/ok" not in flat.containers
+    assert not fits_inline("\ud800") and fits_inline("ünï") and fits_inline(b"\xff") and fits_inline(10**700)
+
+
+def test_int_keys_beyond_the_limit_are_refused_naming_the_path() -> None:
+    # Before: str() of a 5,000-digit key raised a raw ValueError inside take.
+    flatten({"ok": {2**MAX_INT_BITS - 1: 1, -(2**MAX_INT_BITS - 1): 2}}, "root")
+    with pytest.raises(UnsupportedValueError, match=f"'root/ok' has {MAX_INT_BITS + 1} bits"):
+        flatten({"ok": {2**MAX_INT_BITS: 1}}, "root")

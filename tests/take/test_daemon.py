@@ -1,0 +1,50 @@
+"""The checkpoint daemon of ``async_take(executor="process")`` after failed writes: it exits
+cleanly, with nothing on its stderr."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("error", ["OSError", "RuntimeError"])
+def test_daemon_exits_cleanly_after_failed_writes(tmp_path: Path, error: str) -> None:
+    # Before: the frames of the failed write kept views of the shared-memory segment alive, and
+    # the daemon raised "BufferError: cannot close exported pointers exist" at exit.
+    path = tmp_path / "snap"
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        import _foreign_storage
+        _foreign_storage.register()
+        from snapshotkit import Snapshot, StateDict
+        from snapshotkit._take import writers
+        from snapshotkit.errors import StorageError
+        options = {{"fail": "data-write", "error": {error!r}}}
+        for attempt in range(3):
+            state = StateDict(**{{f"t{{i}}": torch.full((300_000,), float(i)) for i in range(4)}})
+            uri = "foreign://{path}"
+            pending = Snapshot.async_take(uri, {{"s": state}}, storage_options=options, executor="process")
+            try:
+                pending.wait()
+            except StorageError:
+                pass
+        [daemon] = [w for w in writers._writers.values() if w.name == "process"]
+        writers.shutdown_writers()
+        print("daemon exit code", daemon.process.returncode, flush=True)
+        """
+    )
+    env = {**os.environ, "SNAPSHOTKIT_DATA_OBJECT_BYTES": str(1 << 20)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "daemon exit code 0", done.stdout + done.stderr
+    assert done.stderr == "", done.stderr  # the daemon shares this stderr: no BufferError, no traceback
+    assert not path.exists() or not any(path.rglob("*.snapshot_metadata"))

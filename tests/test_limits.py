@@ -1,0 +1,84 @@
+"""What take accepts, restore returns; what cannot be stored, take refuses before writing anything,
+naming the logical path (deep nesting, huge ints, strings and keys that are not valid UTF-8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _snapshots import MANIFEST
+
+from snapshotkit import Snapshot, StateDict
+from snapshotkit._plan.flatten import MAX_INT_BITS, MAX_NESTING_DEPTH
+from snapshotkit.errors import InvalidAppStateError, UnsupportedValueError
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    root: dict[str, Any] = {}
+    node = root
+    for _ in range(depth - 1):
+        node["d"] = {}
+        node = node["d"]
+    node["leaf"] = 1
+    return root
+
+
+def _depth(value: dict[str, Any]) -> int:
+    depth = 1
+    while "d" in value:
+        value, depth = value["d"], depth + 1
+    return depth if value == {"leaf": 1} else -1
+
+
+@pytest.mark.parametrize("depth", [500, MAX_NESTING_DEPTH - 1])
+def test_deeply_nested_state_that_take_accepts_is_restored(tmp_path: Path, depth: int) -> None:
+    # Before: a dict nested 500 deep was taken, then restore raised RecursionError.
+    Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(tree=_nested(depth))})
+    fresh = StateDict()
+    Snapshot(str(tmp_path / "snap")).restore({"s": fresh})
+    assert _depth(fresh["tree"]) == depth
+    assert _depth(Snapshot(str(tmp_path / "snap")).read_object("s/tree")) == depth
+
+
+def test_nesting_deeper_than_the_limit_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedValueError, match=f"more than {MAX_NESTING_DEPTH} levels.*'s/tree/d/d"):
+        Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(tree=_nested(MAX_NESTING_DEPTH + 5))})
+    assert not (tmp_path / "snap").exists()
+
+
+def test_keys_that_are_not_utf8_and_the_largest_ints_round_trip(tmp_path: Path) -> None:
+    # Before: a dict key with a lone surrogate failed the commit with a raw UnicodeEncodeError.
+    largest = 2**MAX_INT_BITS - 1
+    state = {
+        "largest": largest,
+        "negative": -largest,
+        "largest_key": {largest: "value", 1: "one"},
+        "odd_key": {"bad \udcff key": [1, 2]},
+    }
+    Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(**state)})
+    fresh = StateDict()
+    Snapshot(str(tmp_path / "snap")).restore({"s": fresh})
+    assert dict(fresh) == state
+    (tmp_path / "snap" / MANIFEST).read_bytes().decode("utf-8")  # valid UTF-8 throughout
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [(10**5000, "s/big"), ({10**5000: 1}, "s/big"), ([1, -(2**MAX_INT_BITS)], "s/big/1")],
+    ids=["leaf", "key", "negative-in-list"],
+)
+def test_ints_beyond_the_limit_are_refused_before_anything_is_written(tmp_path: Path, value: Any, where: str) -> None:
+    # Before: a 10**5000 leaf failed in the commit with a raw ValueError (Python's 4,300-digit
+    # int<->str limit), after the data objects were written; a 10**5000 key inside take.
+    with pytest.raises(UnsupportedValueError, match=f"'{where}' has .* bits.*as a str"):
+        Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(big=value)})
+    assert not (tmp_path / "snap").exists()
+
+
+def test_app_state_key_that_is_not_utf8_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    with pytest.raises(InvalidAppStateError, match="lone surrogate"):
+        Snapshot.take(str(tmp_path / "snap"), {"bad \udcff": StateDict(x=1)})
+    assert not (tmp_path / "snap").exists()
