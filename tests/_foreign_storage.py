@@ -18,6 +18,8 @@ from snapshotkit.storage._base import as_buffers
 
 #: The calls that can be made to fail.
 CALLS = ("open", "manifest-read", "data-read", "list", "exists", "data-write", "manifest-write")
+#: The retry layer retries transient errors (timeouts, resets); retry them once, quickly.
+FAST_RETRY = {"max_attempts": 2, "initial_delay_seconds": 0.01, "max_delay_seconds": 0.01}
 #: The exception types a plugin typically lets through.
 FOREIGN_ERRORS = ("TimeoutError", "ConnectionResetError", "OSError", "RuntimeError")
 
