@@ -150,10 +150,11 @@ def _check_tensor(key: str, entry: TensorEntry | ShardedTensorEntry) -> None:
     """Dtype, shape and byte counts of a tensor entry agree before any byte is read or allocated."""
     if DTYPE_NAME.fullmatch(entry.dtype) is None:
         raise _fail(key, f"dtype {entry.dtype!r} is not a torch dtype name")
-    numel = 1
+    numel = extent = 1
     for dim in entry.shape:
         numel *= dim
-        if dim > MAX_NUMEL or numel > MAX_NUMEL:
+        extent *= max(dim, 1)  # strides multiply the sizes, zeros aside: they must fit too
+        if extent > MAX_NUMEL:
             raise _fail(key, f"shape {list(entry.shape)} has more elements than torch can index")
     raw = isinstance(entry, ShardedTensorEntry) or entry.serializer == "raw"
     if not raw:

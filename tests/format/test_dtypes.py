@@ -40,6 +40,7 @@ CRAFTED: dict[str, tuple[dict[str, Any], str]] = {
     "not-a-name": ({"dtype": "Float32 ", "shape": [8]}, "not a torch dtype name"),
     "huge-dim": ({"shape": [2**63]}, "more elements than torch can index"),
     "huge-product": ({"shape": [2**32, 2**32]}, "more elements than torch can index"),
+    "huge-with-a-zero": ({"shape": [2**62, 2**62, 0], "pieces": []}, "more elements than torch can index"),
     "bytes-mismatch": ({"shape": [9]}, "need 36"),
     "torch-save-not-a-name": ({"dtype": "../x", "serializer": "torch_save"}, "not a torch dtype name"),
 }
