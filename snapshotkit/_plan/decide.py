@@ -24,7 +24,13 @@ from snapshotkit.errors import UnsupportedValueError
 @dataclasses.dataclass(frozen=True)
 class PieceKey:
     """Names a piece of a replicated leaf (``shard_offsets`` None) or of a stored shard box
-    identically on every rank: the ``index``-th piece of the leaf or box at ``path``."""
+    identically on every rank: the ``index``-th piece of the leaf or box at ``path``.
+
+    IMPORTANT: a box is named by its offsets alone. That is unique because the distinct boxes of
+    a tensor do not overlap; :func:`decide` checks that they cover it exactly once by element
+    count only, which boxes from DTensor/ShardedTensor placements satisfy but hand-made
+    overlapping boxes with a matching count would not be caught by.
+    """
 
     path: str
     index: int
