@@ -78,14 +78,21 @@ from _harness import measure as M
 from _harness import report as R
 from _harness import workloads as W
 
-MODES = ("none", "thread", "process", "dcp", "dcp_reuse")
-LABELS = {
-    "none": "no snapshots",
-    "thread": "snapshotkit thread",
-    "process": "snapshotkit process",
-    "dcp": "dcp async_save",
-    "dcp_reuse": "dcp async_save, reused stager",
+_ASYNC_TAKE = [("snapshotkit", ("Snapshot.async_take",))]
+_ASYNC_SAVE = [("torch.distributed.checkpoint", ("async_save",))]
+# mode -> (its name in the tables, the (module, names) that must import for it to be measured)
+_MODES: dict[str, tuple[str, list[tuple[str, tuple[str, ...]]]]] = {
+    "none": ("no snapshots", []),
+    "thread": ("snapshotkit thread", _ASYNC_TAKE),
+    "process": ("snapshotkit process", _ASYNC_TAKE),
+    "dcp": ("dcp async_save", _ASYNC_SAVE),
+    "dcp_reuse": (
+        "dcp async_save, reused stager",
+        [*_ASYNC_SAVE, ("torch.distributed.checkpoint.staging", ("DefaultStager",))],
+    ),
 }
+MODES = tuple(_MODES)
+LABELS = {mode: label for mode, (label, _) in _MODES.items()}
 MUTATE_ELEMS = 256 * 1024  # float32 elements of one big tensor overwritten per step (1 MiB)
 TARGET_BLOCKED_OVER_MEMCPY = 1.5
 TARGET_PROCESS_SLOWDOWN = 0.05
@@ -363,9 +370,7 @@ def run_memcpy(spec: Record) -> Record:
     _, big, model, optim, _ = _setup(cfg)
     sources = staged_tensors(model, optim, big)
     nbytes = sum(t.numel() * t.element_size() for t in sources)
-    dests = [torch.empty_like(t) for t in sources]
-    for d in dests:
-        d.zero_()  # touch every page: the copies below go to resident memory
+    dests = [torch.zeros_like(t) for t in sources]  # every page touched: the copies go to resident memory
     gc.collect()
     prealloc: list[float] = []
     fresh: list[float] = []
@@ -412,12 +417,19 @@ def run_train(spec: Record) -> Record:
 
     step_times: list[float] = []
     in_flight: list[bool] = []
-    calls: list[Record] = []
-    pending: Any = None
-    pending_record: Record | None = None
+    calls: list[Record] = []  # one per snapshot call; the last one's write may be in flight
     expected: Record | None = None
     excluded = 0.0  # capturing the expected state for the verification (not the benchmark's cost)
     writer_pid: int | None = None
+
+    def wait(call: Record) -> float:
+        """Wait for the snapshot of ``call``: the seconds waited (and its write_s, unless seen done before)."""
+        t0 = time.perf_counter()
+        driver.wait(call["_handle"])  # type: ignore[union-attr]
+        t1 = time.perf_counter()
+        if call["write_s"] is None:
+            call["write_s"] = t1 - call["_returned"]
+        return t1 - t0
 
     nice = cfg.get("writer_nice") or 0
     os.sync()
@@ -431,64 +443,46 @@ def run_train(spec: Record) -> Record:
         blocked = 0.0
         if driver is not None and step % every == 0 and step // every <= snapshots:
             index = step // every
-            if pending is not None:
-                assert pending_record is not None
-                pending_record["done_before_next"] = driver.done(pending)
-                tw = time.perf_counter()
-                driver.wait(pending)
-                waited = time.perf_counter() - tw
-                pending_record["wait_s"] = waited
-                if pending_record.get("write_s") is None:
-                    pending_record["write_s"] = time.perf_counter() - pending_record["_returned"]
+            if calls:
+                calls[-1]["done_before_next"] = driver.done(calls[-1]["_handle"])
+                calls[-1]["wait_s"] = waited = wait(calls[-1])
                 blocked += waited
-            call_sched0 = M.thread_sched()
-            tb = time.perf_counter()
-            pending = driver.start(str(workdir / f"snap{index}"))
-            returned = time.perf_counter()
-            call_sched1 = M.thread_sched()
-            pending_record = {
-                "step": step,
-                "call_s": returned - tb,
-                "call_cpu_s": call_sched1[0] - call_sched0[0],
-                "call_runq_wait_s": call_sched1[1] - call_sched0[1],
-                "_returned": returned,
-                "write_s": None,
-            }
-            calls.append(pending_record)
+            call_sched0, tb = M.thread_sched(), time.perf_counter()
+            handle = driver.start(str(workdir / f"snap{index}"))
+            returned, call_sched1 = time.perf_counter(), M.thread_sched()
+            calls.append(
+                {
+                    "step": step,
+                    "call_s": returned - tb,
+                    "call_cpu_s": call_sched1[0] - call_sched0[0],
+                    "call_runq_wait_s": call_sched1[1] - call_sched0[1],
+                    "_handle": handle,
+                    "_returned": returned,
+                    "write_s": None,
+                }
+            )
             blocked += returned - tb
-            if writer_pid is None:
-                writer_pid = driver.writer_pid()
-            if nice:
-                tn = time.perf_counter()
-                renice_writer(driver, nice)
-                excluded += time.perf_counter() - tn
-                blocked += time.perf_counter() - tn
-            if index == snapshots:
-                tc = time.perf_counter()
-                expected = {"model": clone_tree(model.state_dict()), "optim": clone_tree(optim.state_dict())}
-                excluded += time.perf_counter() - tc
-                blocked += time.perf_counter() - tc
+            writer_pid = writer_pid or driver.writer_pid()
+            with M.Measure() as aside:
+                if nice:
+                    renice_writer(driver, nice)
+                if index == snapshots:
+                    expected = {"model": clone_tree(model.state_dict()), "optim": clone_tree(optim.state_dict())}
+            excluded += aside.time_s
+            blocked += aside.time_s
         t1 = time.perf_counter()
         step_times.append(t1 - t0 - blocked)
-        flying = pending is not None and not driver.done(pending)  # type: ignore[union-attr]
+        flying = bool(calls) and not driver.done(calls[-1]["_handle"])  # type: ignore[union-attr]
         in_flight.append(flying)
-        if pending is not None and not flying and pending_record is not None and pending_record["write_s"] is None:
-            pending_record["write_s"] = t1 - pending_record["_returned"]
+        if calls and not flying and calls[-1]["write_s"] is None:
+            calls[-1]["write_s"] = t1 - calls[-1]["_returned"]
     loop_s = time.perf_counter() - loop0
     cpu_s, sched1, sys1 = time.process_time() - cpu0, M.thread_sched(), M.system_cpu()
     writer_cpu_s = M.process_cpu_s(writer_pid)
 
-    final_wait_s = 0.0
-    if pending is not None:
-        assert pending_record is not None
-        assert driver is not None
-        tw = time.perf_counter()
-        driver.wait(pending)
-        final_wait_s = time.perf_counter() - tw
-        if pending_record["write_s"] is None:
-            pending_record["write_s"] = time.perf_counter() - pending_record["_returned"]
+    final_wait_s = wait(calls[-1]) if calls else 0.0
     for c in calls:
-        c.pop("_returned", None)
+        del c["_handle"], c["_returned"]
 
     verified: bool | None = None
     problems: list[str] = []
@@ -551,16 +545,6 @@ def run_child(spec: Record) -> Record:
 # Parent side: orchestration
 # --------------------------------------------------------------------------- #
 PRELOAD = ["torch", "torch.distributed.checkpoint", "snapshotkit", "numpy"]
-_NEEDS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
-    "none": [],
-    "thread": [("snapshotkit", ("Snapshot.async_take",))],
-    "process": [("snapshotkit", ("Snapshot.async_take",))],
-    "dcp": [("torch.distributed.checkpoint", ("async_save",))],
-    "dcp_reuse": [
-        ("torch.distributed.checkpoint", ("async_save",)),
-        ("torch.distributed.checkpoint.staging", ("DefaultStager",)),
-    ],
-}
 
 
 def calibrate(cfg: Record, seconds: float = 3.0) -> float:
@@ -626,10 +610,9 @@ STEP_MEDIANS = {
 
 
 def summarize_mode(runs: list[Record]) -> Record:
-    out, good = M.run_summary(runs)
+    out, good = M.run_summary(runs, median_of=RUN_MEDIANS, first=("staged_bytes",))
     if not good:
         return out
-    out.update(M.medians(good, RUN_MEDIANS), staged_bytes=good[0]["staged_bytes"])
     for group, stats in STEP_MEDIANS.items():
         out.update(M.medians(good, stats, group=group))
     firsts = [r["first_call_s"] for r in good if r.get("first_call_s") is not None]
@@ -655,8 +638,6 @@ def summarize_mode(runs: list[Record]) -> Record:
 def compute_ratios(results: Record, memcpy: Record) -> Record:
     none = results.get("none", {})
     base_loop = none.get("loop_s")
-    base_step = none.get("step_all_mean_s")
-    base_step_med = none.get("step_all_median_s")
     none_runs = {r.get("repeat"): r for r in none.get("runs", []) if r.get("ok")}
     out: Record = {}
     for mode, s in results.items():
@@ -668,10 +649,6 @@ def compute_ratios(results: Record, memcpy: Record) -> Record:
             if r.get("ok") and r.get("repeat") in none_runs
         ]
         excl, incl = M.ratio(s.get("loop_excl_blocked_s"), base_loop), M.ratio(s.get("loop_incl_blocked_s"), base_loop)
-        fly, fly_med = (
-            M.ratio(s.get("step_in_flight_mean_s"), base_step),
-            M.ratio(s.get("step_in_flight_median_s"), base_step_med),
-        )
         out[mode] = {
             "later_call_over_memcpy": M.ratio(s.get("later_call_median_s"), memcpy.get("prealloc_median_s")),
             "first_call_over_memcpy": M.ratio(s.get("first_call_median_s"), memcpy.get("prealloc_median_s")),
@@ -679,8 +656,8 @@ def compute_ratios(results: Record, memcpy: Record) -> Record:
             "slowdown_excl_blocked": None if excl is None else excl - 1,
             "slowdown_incl_blocked": None if incl is None else incl - 1,
             "slowdown_excl_blocked_paired_median": M.median(paired),
-            "step_in_flight_mean_over_none": fly,
-            "step_in_flight_median_over_none": fly_med,
+            "step_in_flight_mean_over_none": M.ratio(s.get("step_in_flight_mean_s"), none.get("step_all_mean_s")),
+            "step_in_flight_median_over_none": M.ratio(s.get("step_in_flight_median_s"), none.get("step_all_median_s")),
             "in_flight_slowdown_estimate": s.get("in_flight_slowdown_estimate"),
             "step_in_flight_mean_over_idle_same_run": M.ratio(
                 s.get("step_in_flight_mean_s"), s.get("step_idle_mean_s")
@@ -705,6 +682,20 @@ def compute_ratios(results: Record, memcpy: Record) -> Record:
 # --------------------------------------------------------------------------- #
 # Rendering
 # --------------------------------------------------------------------------- #
+CALL_COLUMNS = (
+    "mode<31|first s>9|later s>9|max>7|cpu>7|runq>7|later/memcpy>14|first/memcpy>14|first/fresh>13|write s>9"
+    "|in time>9|verified>10"
+)
+LOOP_COLUMNS = (
+    "mode<31|loop s>8|blocked>9|slowdown>10|incl.>9|paired>9|in-run>9|step ms>9|in flight>11|vs none>9|vs idle>9|n>6"
+)
+CPU_COLUMNS = "mode<31|trainer cpu>12|runq wait>11|process cpu>13|daemon cpu>12|machine busy>14|steal>7"
+
+
+def _failed_row(mode: str, s: Record) -> str:
+    return f"{LABELS[mode]:<31}  {s.get('skipped') or 'FAILED: ' + str(s.get('error'))[:150]}"
+
+
 def render(report: Record) -> str:
     m, cfg = report["machine"], report["config"]
     lines = [
@@ -736,52 +727,43 @@ def render(report: Record) -> str:
         lines.append(f"memcpy: FAILED: {mc.get('error')}")
     res, ratios = report["results"], report["ratios"]
 
-    lines.append("")
-    lines.append("== time blocked in the snapshot call ==")
-    lines.append(
-        f"{'mode':<31}{'first s':>9}{'later s':>9}{'max':>7}{'cpu':>7}{'runq':>7}{'later/memcpy':>14}"
-        f"{'first/memcpy':>14}{'first/fresh':>13}{'write s':>9}{'in time':>9}{'verified':>10}"
-    )
-    for mode in report["config"]["modes"]:
+    modes = [(mode, res.get(mode, {}), ratios.get(mode, {})) for mode in cfg["modes"]]
+    lines += ["", "== time blocked in the snapshot call =="]
+    rows: list[list[str] | str] = []
+    for mode, s, r in modes:
         if mode == "none":
             continue
-        s, r = res.get(mode, {}), ratios.get(mode, {})
-        if "skipped" in s or "first_call_median_s" not in s:
-            lines.append(f"{LABELS[mode]:<31}  {s.get('skipped') or 'FAILED: ' + str(s.get('error'))[:150]}")
+        if "first_call_median_s" not in s:
+            rows.append(_failed_row(mode, s))
             continue
-        lines.append(
-            f"{LABELS[mode]:<31}{s['first_call_median_s']:>9.3f}{R.fmt_num(s['later_call_median_s']):>9}"
-            f"{R.fmt_num(s['later_call_max_s']):>7}{R.fmt_num(s['later_call_cpu_median_s']):>7}"
-            f"{R.fmt_num(s['later_call_runq_wait_median_s']):>7}{R.fmt_x(r['later_call_over_memcpy']):>14}"
-            f"{R.fmt_x(r['first_call_over_memcpy']):>14}{R.fmt_x(r['first_call_over_memcpy_fresh']):>13}"
-            f"{R.fmt_num(s['write_median_s'], '.2f'):>9}{s['writes_done_in_time']!s:>9}{s['verified']!s:>10}"
-        )
+        calls = ["first_call_median_s", "later_call_median_s", "later_call_max_s", "later_call_cpu_median_s"]
+        calls.append("later_call_runq_wait_median_s")
+        over = ("later_call_over_memcpy", "first_call_over_memcpy", "first_call_over_memcpy_fresh")
+        writes = [R.fmt_num(s["write_median_s"], ".2f"), s["writes_done_in_time"], s["verified"]]
+        rows.append([LABELS[mode], *(R.fmt_num(s[k]) for k in calls), *(R.fmt_x(r[k]) for k in over), *writes])
+    lines += R.table(CALL_COLUMNS, rows)
     lines.append(
         "  first = first call of a run (median over runs); later = median of the other calls; cpu / runq = the "
         "trainer thread's CPU time / time runnable but waiting for a CPU during a later call (medians); "
         "write = from a call's return until its write was done"
     )
 
-    lines.append("")
-    lines.append("== training loop ==")
-    lines.append(
-        f"{'mode':<31}{'loop s':>8}{'blocked':>9}{'slowdown':>10}{'incl.':>9}{'paired':>9}{'in-run':>9}"
-        f"{'step ms':>9}{'in flight':>11}{'vs none':>9}{'vs idle':>9}{'n':>6}"
-    )
-    for mode in report["config"]["modes"]:
-        s, r = res.get(mode, {}), ratios.get(mode, {})
+    lines += ["", "== training loop =="]
+    rows = []
+    for mode, s, r in modes:
         if "loop_s" not in s:
-            lines.append(f"{LABELS[mode]:<31}  {s.get('skipped') or 'FAILED: ' + str(s.get('error'))[:150]}")
+            rows.append(_failed_row(mode, s))
             continue
         blocked = (s.get("blocked_call_s") or 0) + (s.get("blocked_wait_s") or 0)
-        lines.append(
-            f"{LABELS[mode]:<31}{s['loop_s']:>8.2f}{blocked:>9.2f}{R.fmt_pct(r.get('slowdown_excl_blocked')):>10}"
-            f"{R.fmt_pct(r.get('slowdown_incl_blocked')):>9}{R.fmt_pct(r.get('slowdown_excl_blocked_paired_median')):>9}"
-            f"{R.fmt_pct(r.get('in_flight_slowdown_estimate')):>9}"
-            f"{R.fmt_ms(s['step_all_mean_s']):>9}{R.fmt_ms(s['step_in_flight_mean_s']):>11}"
-            f"{R.fmt_x(r.get('step_in_flight_mean_over_none')):>9}{R.fmt_x(r.get('step_in_flight_mean_over_idle_same_run')):>9}"
-            f"{R.fmt_num(s['steps_in_flight'], '.0f'):>6}"
+        rows.append(
+            [LABELS[mode], f"{s['loop_s']:.2f}", f"{blocked:.2f}"]
+            + [R.fmt_pct(r.get(k)) for k in ("slowdown_excl_blocked", "slowdown_incl_blocked")]
+            + [R.fmt_pct(r.get(k)) for k in ("slowdown_excl_blocked_paired_median", "in_flight_slowdown_estimate")]
+            + [R.fmt_ms(s["step_all_mean_s"]), R.fmt_ms(s["step_in_flight_mean_s"])]
+            + [R.fmt_x(r.get(k)) for k in ("step_in_flight_mean_over_none", "step_in_flight_mean_over_idle_same_run")]
+            + [R.fmt_num(s["steps_in_flight"], ".0f")]
         )
+    lines += R.table(LOOP_COLUMNS, rows)
     lines.append(
         "  slowdown = (loop - time blocked in snapshot calls and waits) / no-snapshot loop - 1 (medians over "
         "repeats); incl. = with the blocked time; paired = median over repeats of the same against the same "
@@ -806,22 +788,14 @@ def render(report: Record) -> str:
         "background write was still running; vs none / vs idle = that over the no-snapshot run's mean step / "
         "over the same run's other steps"
     )
-    lines.append("")
-    lines.append("== CPU over the loop (s; medians) ==")
-    lines.append(
-        f"{'mode':<31}{'trainer cpu':>12}{'runq wait':>11}{'process cpu':>13}{'daemon cpu':>12}{'machine busy':>14}"
-        f"{'steal':>7}"
-    )
-    for mode in report["config"]["modes"]:
-        s = res.get(mode, {})
-        if "loop_s" not in s:
-            continue
-        lines.append(
-            f"{LABELS[mode]:<31}{R.fmt_num(s['main_thread_cpu_s'], '.1f'):>12}"
-            f"{R.fmt_num(s['main_thread_runq_wait_s'], '.1f'):>11}{R.fmt_num(s['process_cpu_s'], '.1f'):>13}"
-            f"{R.fmt_num(s['writer_process_cpu_s'], '.1f'):>12}{R.fmt_num(s['system_busy_fraction'], '.0%'):>14}"
-            f"{R.fmt_num(s['system_steal_fraction'], '.1%'):>7}"
-        )
+    lines += ["", "== CPU over the loop (s; medians) =="]
+    cpu_keys = ("main_thread_cpu_s", "main_thread_runq_wait_s", "process_cpu_s", "writer_process_cpu_s")
+    rows = []
+    for mode, s, _ in modes:
+        if "loop_s" in s:
+            machine = [R.fmt_num(s["system_busy_fraction"], ".0%"), R.fmt_num(s["system_steal_fraction"], ".1%")]
+            rows.append([LABELS[mode], *(R.fmt_num(s[k], ".1f") for k in cpu_keys), *machine])
+    lines += R.table(CPU_COLUMNS, rows)
     lines.append(
         "  trainer = the training thread (on CPU / runnable but waiting); process = the trainer's process, "
         "writer threads included; daemon = the checkpoint daemon (process executor), from its start; "
@@ -1006,7 +980,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_async.py: error: too few steps for the snapshots asked for", file=sys.stderr)
         return 2
     cfg.update(steps=steps, every=every)
-    available = {m: W.unavailable(_NEEDS[m]) for m in args.modes}
+    available = {m: W.unavailable(_MODES[m][1]) for m in args.modes}
     with cli.scratch_dir(args.dir, "snapshotkit-bench-async-") as scratch:
         config = {**cfg, "repeats": args.repeats, "modes": args.modes, "scratch_dir": str(scratch)}
         config.update(snapshotkit_env=R.snapshotkit_env(), quick=args.quick)

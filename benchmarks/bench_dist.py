@@ -144,7 +144,8 @@ def _dtensor_shape(nbytes: int) -> tuple[int, int]:
     return (max(8, nbytes // (4 * cols)), cols)
 
 
-def _reshard_take(rank: int, world: int, args: Record) -> Record:
+def _reshard_rank(rank: int, world: int, args: Record) -> Record:
+    """Take the table sharded on dim 0 or, given a ``dim``, restore it sharded on that dim."""
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -153,25 +154,14 @@ def _reshard_take(rank: int, world: int, args: Record) -> Record:
 
     mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
     rows, cols = args["shape"]
-    torch.manual_seed(0)
-    full = torch.randn(rows, cols) if rank == 0 else torch.empty(rows, cols)
-    table = distribute_tensor(full, mesh, [Shard(0)])
-    del full
-    Snapshot.take(args["path"], {"t": StateDict(w=table)}, memory_budget_bytes=args["budget"])
-    return {}
-
-
-def _reshard_restore(rank: int, world: int, args: Record) -> Record:
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    from snapshotkit import Snapshot, StateDict
-
-    mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
-    rows, cols = args["shape"]
-    placement = Shard(args["dim"])
-    table = distribute_tensor(torch.empty(rows, cols), mesh, [placement])
+    if args.get("dim") is None:
+        torch.manual_seed(0)
+        full = torch.randn(rows, cols) if rank == 0 else torch.empty(rows, cols)
+        table = distribute_tensor(full, mesh, [Shard(0)])
+        del full
+        Snapshot.take(args["path"], {"t": StateDict(w=table)}, memory_budget_bytes=args["budget"])
+        return {}
+    table = distribute_tensor(torch.empty(rows, cols), mesh, [Shard(args["dim"])])
     needed = table.to_local().numel() * 4
     os.sync()
     with M.Measure(io=True) as restore:
@@ -182,15 +172,11 @@ def _reshard_restore(rank: int, world: int, args: Record) -> Record:
 def part_reshard(args: argparse.Namespace, scratch: Path, launcher: launch.Launcher) -> Record:
     shape = _dtensor_shape(int(args.dtensor_bytes))
     path = str(scratch / "dtensor")
-    run_ranks(launcher, args.ranks, "reshard_take", {"path": path, "shape": shape, "budget": args.budget})
+    base = {"path": path, "shape": shape, "budget": args.budget}
+    run_ranks(launcher, args.ranks, "reshard", base)
     out: Record = {"shape": shape, "saved_ranks": args.ranks, "restored_ranks": args.ranks // 2}
     for dim in (0, 1):
-        results = run_ranks(
-            launcher,
-            args.ranks // 2,
-            "reshard_restore",
-            {"path": path, "shape": shape, "dim": dim, "budget": args.budget},
-        )
+        results = run_ranks(launcher, args.ranks // 2, "reshard", {**base, "dim": dim})
         out[f"shard{dim}"] = {
             "per_rank": results,
             "max_read_over_needed": max(r["read_bytes"] / r["needed_bytes"] for r in results),
@@ -256,7 +242,7 @@ def part_planning(args: argparse.Namespace) -> Record:
     return {"rows": rows}
 
 
-PARTS = {"replicated": _replicated_rank, "reshard_take": _reshard_take, "reshard_restore": _reshard_restore}
+PARTS = {"replicated": _replicated_rank, "reshard": _reshard_rank}
 
 
 def render(report: Record) -> str:

