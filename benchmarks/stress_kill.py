@@ -3,8 +3,9 @@
 Each trial starts a fresh process group that takes a deterministic state (sized tensors, plus a
 step counter and a string that encode the trial) with ``Snapshot.take`` or ``async_take`` (thread
 or process executor) into a new path, and kills the whole group with SIGKILL after a random delay
-(uniform over the time an uninterrupted take of the same mode needs, measured first, so kills
-land in every phase: collect, write, commit). The path is then opened and restored into fresh
+(uniform over ``--delay-factor`` (default 2) times what an uninterrupted take of the same mode
+needs from the moment its state is built until it returns, measured first, so kills land in
+every phase: collect, write, commit, and after). The path is then opened and restored into fresh
 objects, and each trial is counted as:
 
 * ``committed``: the restore succeeded and every value is bit for bit what was taken;
@@ -96,17 +97,23 @@ def check(path: Path, trial: int, specs: list[W.TensorSpec]) -> tuple[str, str]:
     return ("wrong", "; ".join(problems)) if problems else ("committed", "")
 
 
-def run_mode(mode: str, scratch: Path, trials: int, state_bytes: int, rng: random.Random) -> Record:
+def run_mode(
+    mode: str, scratch: Path, trials: int, state_bytes: int, rng: random.Random, delay_factor: float
+) -> Record:
     specs = _specs(state_bytes)
     proc, started = _start(mode, scratch / f"{mode}-calibrate", -1, state_bytes)
-    proc.wait(timeout=600)
+    assert proc.stdout is not None
+    done = proc.stdout.readline()  # "done" once the take returned (or wait() did), before interpreter exit
     full_s = time.monotonic() - started
+    proc.wait(timeout=600)
+    if done.strip() != "done":
+        raise RuntimeError(f"the uninterrupted {mode} did not finish: {done!r}")
     counts = dict.fromkeys(OUTCOMES, 0)
     notes: dict[str, int] = {}
     wrong: list[str] = []
     for trial in range(trials):
         path = scratch / f"{mode}-{trial}"
-        delay_s = rng.uniform(0.0, full_s * 1.1)
+        delay_s = rng.uniform(0.0, full_s * delay_factor)
         proc, started = _start(mode, path, trial, state_bytes)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=delay_s)
@@ -125,7 +132,10 @@ def run_mode(mode: str, scratch: Path, trials: int, state_bytes: int, rng: rando
 def render(result: Record) -> str:
     lines = [R.machine_line(result["machine"]), ""]
     cfg = result["config"]
-    lines.append(f"state {R.fmt_bytes(cfg['state_bytes'])}; {cfg['trials']} trials per mode; seed {cfg['seed']}")
+    lines.append(
+        f"state {R.fmt_bytes(cfg['state_bytes'])}; {cfg['trials']} trials per mode; seed {cfg['seed']}; "
+        f"kills uniform over [0, {cfg['delay_factor']} x take s]"
+    )
     lines.append(f"{'mode':<15}{'take s':>8}{'committed':>11}{'not-committed':>15}{'wrong':>7}")
     for mode, rec in result["modes"].items():
         c = rec["counts"]
@@ -151,15 +161,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=30, help="kills per mode (default: %(default)s)")
     parser.add_argument("--state-bytes", type=cli.parse_size, default=64 * cli.MiB, help="state size (64MiB)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill delays")
+    parser.add_argument(
+        "--delay-factor",
+        type=float,
+        default=2.0,
+        help="kill delays are uniform over [0, factor x an uninterrupted take's time] (default: %(default)s)",
+    )
     parser.add_argument("--dir", default=None, help="scratch directory (default: a new temp dir under /tmp)")
     parser.add_quick("2 trials per mode of a 1 MiB state (smoke test)", trials=2, state_bytes=cli.MiB)
     args = parser.parse(args_list)
     rng = random.Random(args.seed)
     with cli.scratch_dir(args.dir, "snapshotkit-kill-") as scratch:
         result = R.new_report(
-            "stress_kill", scratch, config={"trials": args.trials, "state_bytes": args.state_bytes, "seed": args.seed}
+            "stress_kill",
+            scratch,
+            config={
+                "trials": args.trials,
+                "state_bytes": args.state_bytes,
+                "seed": args.seed,
+                "delay_factor": args.delay_factor,
+            },
         )
-        result["modes"] = {mode: run_mode(mode, scratch, args.trials, args.state_bytes, rng) for mode in args.modes}
+        result["modes"] = {
+            mode: run_mode(mode, scratch, args.trials, args.state_bytes, rng, args.delay_factor) for mode in args.modes
+        }
     R.write_report(result, args.out, render(result))
     return 1 if any(rec["counts"]["wrong"] for rec in result["modes"].values()) else 0
 

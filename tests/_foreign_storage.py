@@ -72,3 +72,14 @@ def foreign_factory(root: str, options: Mapping[str, Any]) -> StoragePlugin:
 
 def register() -> None:
     register_storage_plugin("foreign", foreign_factory)
+
+
+def cause_names(exc: BaseException) -> list[str]:
+    """Type names along the ``__cause__`` chain: a transient error (``TimeoutError``,
+    ``ConnectionResetError``) is retried first, so it is the cause of a ``RetriesExhaustedError``."""
+    names = []
+    cause = exc.__cause__
+    while cause is not None:
+        names.append(type(cause).__name__)
+        cause = cause.__cause__
+    return names

@@ -117,3 +117,22 @@ def assert_nothing_committed(path: Path) -> None:
         _ = Snapshot(str(path)).metadata
     assert type(info.value) is SnapshotNotFoundError, f"leftovers at {path}: {info.value}"
     assert files_of(path) == {}
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """A dict nested ``depth`` levels deep (``{"d": {"d": ... {"leaf": 1}}}``)."""
+    root: dict[str, Any] = {}
+    node = root
+    for _ in range(depth - 1):
+        node["d"] = {}
+        node = node["d"]
+    node["leaf"] = 1
+    return root
+
+
+def depth_of(value: dict[str, Any]) -> int:
+    """The depth of a :func:`nested` dict, or -1 if it is not one."""
+    depth = 1
+    while "d" in value:
+        value, depth = value["d"], depth + 1
+    return depth if value == {"leaf": 1} else -1

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _snapshots import MANIFEST
+from _snapshots import MANIFEST, depth_of, nested
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit._plan.flatten import MAX_INT_BITS, MAX_NESTING_DEPTH
@@ -16,36 +16,19 @@ from snapshotkit.errors import InvalidAppStateError, UnsupportedValueError
 pytestmark = pytest.mark.usefixtures("clean_env")
 
 
-def _nested(depth: int) -> dict[str, Any]:
-    root: dict[str, Any] = {}
-    node = root
-    for _ in range(depth - 1):
-        node["d"] = {}
-        node = node["d"]
-    node["leaf"] = 1
-    return root
-
-
-def _depth(value: dict[str, Any]) -> int:
-    depth = 1
-    while "d" in value:
-        value, depth = value["d"], depth + 1
-    return depth if value == {"leaf": 1} else -1
-
-
 @pytest.mark.parametrize("depth", [500, MAX_NESTING_DEPTH - 1])
 def test_deeply_nested_state_that_take_accepts_is_restored(tmp_path: Path, depth: int) -> None:
     # Before: a dict nested 500 deep was taken, then restore raised RecursionError.
-    Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(tree=_nested(depth))})
+    Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(tree=nested(depth))})
     fresh = StateDict()
     Snapshot(str(tmp_path / "snap")).restore({"s": fresh})
-    assert _depth(fresh["tree"]) == depth
-    assert _depth(Snapshot(str(tmp_path / "snap")).read_object("s/tree")) == depth
+    assert depth_of(fresh["tree"]) == depth
+    assert depth_of(Snapshot(str(tmp_path / "snap")).read_object("s/tree")) == depth
 
 
 def test_nesting_deeper_than_the_limit_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedValueError, match=f"more than {MAX_NESTING_DEPTH} levels.*'s/tree/d/d"):
-        Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(tree=_nested(MAX_NESTING_DEPTH + 5))})
+        Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(tree=nested(MAX_NESTING_DEPTH + 5))})
     assert not (tmp_path / "snap").exists()
 
 

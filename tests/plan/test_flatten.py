@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import pytest
 import torch
+from _snapshots import depth_of, nested
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -147,34 +147,17 @@ def test_any_key_escapes_to_one_path_component(key: str) -> None:
     assert unescape_key(escaped) == key
 
 
-def _nested(depth: int) -> dict[str, Any]:
-    root: dict[str, Any] = {}
-    node = root
-    for _ in range(depth - 1):
-        node["d"] = {}
-        node = node["d"]
-    node["leaf"] = 1
-    return root
-
-
-def _depth(value: dict[str, Any]) -> int:
-    depth = 1
-    while "d" in value:
-        value, depth = value["d"], depth + 1
-    return depth if value.get("leaf") == 1 else -1
-
-
 def test_inflate_rebuilds_the_deepest_nesting_flatten_accepts_without_recursion() -> None:
     # Before: inflate recursed once per level, so state nested 500 deep was taken but its
     # restore raised RecursionError.
-    flat = flatten(_nested(MAX_NESTING_DEPTH), "root")
+    flat = flatten(nested(MAX_NESTING_DEPTH), "root")
     assert len(flat.containers) == MAX_NESTING_DEPTH
-    assert _depth(inflate("root", flat.containers, flat.leaves)) == MAX_NESTING_DEPTH
+    assert depth_of(inflate("root", flat.containers, flat.leaves)) == MAX_NESTING_DEPTH
 
 
 def test_flatten_refuses_nesting_deeper_than_the_limit_naming_the_path() -> None:
     with pytest.raises(UnsupportedValueError, match=f"more than {MAX_NESTING_DEPTH} levels.*'root/d/d/d"):
-        flatten(_nested(MAX_NESTING_DEPTH + 1), "root")
+        flatten(nested(MAX_NESTING_DEPTH + 1), "root")
 
 
 def test_a_dict_with_a_key_the_manifest_cannot_hold_is_a_leaf() -> None:

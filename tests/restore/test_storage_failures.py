@@ -16,7 +16,7 @@ from snapshotkit.errors import IncompleteSnapshotError, InvalidArgumentError, St
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
 import _foreign_storage
-from _foreign_storage import FAST_RETRY, FOREIGN_ERRORS
+from _foreign_storage import FAST_RETRY, FOREIGN_ERRORS, cause_names
 
 _foreign_storage.register()
 
@@ -25,20 +25,9 @@ def _foreign(path: Path, fail: str, error: str) -> Snapshot:
     return Snapshot(f"foreign://{path}", storage_options={"fail": fail, "error": error, "retry": FAST_RETRY})
 
 
-def _cause_names(exc: BaseException) -> list[str]:
-    """Type names along the ``__cause__`` chain: a transient error (``TimeoutError``,
-    ``ConnectionResetError``) is retried first, so it is the cause of a ``RetriesExhaustedError``."""
-    names = []
-    cause = exc.__cause__
-    while cause is not None:
-        names.append(type(cause).__name__)
-        cause = cause.__cause__
-    return names
-
-
 def _assert_wrapped(exc: BaseException, error: str, *words: str) -> None:
     assert isinstance(exc, StorageError), f"{type(exc).__name__}: {exc}"
-    assert error in _cause_names(exc), repr(exc.__cause__)
+    assert error in cause_names(exc), repr(exc.__cause__)
     message = str(exc)
     for word in (f"injected {error}", *words):
         assert word in message, f"{word!r} not in: {message}"

@@ -17,7 +17,7 @@ from snapshotkit.errors import StorageError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
 import _foreign_storage
-from _foreign_storage import FAST_RETRY, FOREIGN_ERRORS
+from _foreign_storage import FAST_RETRY, FOREIGN_ERRORS, cause_names
 
 _foreign_storage.register()
 pytestmark = pytest.mark.timeout(120)
@@ -35,21 +35,10 @@ def _take(path: Path, fail: str, error: str, how: str) -> None:
         Snapshot.async_take(f"foreign://{path}", _app_state(), storage_options=options, executor=how).wait()
 
 
-def _cause_names(exc: BaseException) -> list[str]:
-    """Type names along the ``__cause__`` chain: a transient error (``TimeoutError``,
-    ``ConnectionResetError``) is retried first, so it is the cause of a ``RetriesExhaustedError``."""
-    names = []
-    cause = exc.__cause__
-    while cause is not None:
-        names.append(type(cause).__name__)
-        cause = cause.__cause__
-    return names
-
-
 def _assert_wrapped(exc: BaseException, error: str, *words: str) -> None:
     assert isinstance(exc, StorageError), f"{type(exc).__name__}: {exc}"
     # From the checkpoint daemon the chain arrives pickled, without causes; the text still names it.
-    assert error in _cause_names(exc) or f"{error}: injected" in str(exc.__cause__), repr(exc.__cause__)
+    assert error in cause_names(exc) or f"{error}: injected" in str(exc.__cause__), repr(exc.__cause__)
     message = str(exc)
     for word in (f"injected {error}", "Nothing was committed", *words):
         assert word in message, f"{word!r} not in: {message}"
