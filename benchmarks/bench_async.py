@@ -1,50 +1,15 @@
 """Async snapshot benchmark: what a CPU-bound training loop pays for background snapshots.
 
-In one run, this script trains the same small MLP (``torch.set_num_threads(1)``, so one of the
-two cores is free for the writer) for the same fixed number of steps in several ways, each in a
-fresh process (this script re-executed with ``--child``):
-
-* ``none``: no snapshots (the baseline);
-* ``thread``: ``Snapshot.async_take(..., executor="thread")`` every K steps;
-* ``process``: the same with ``executor="process"`` (the checkpoint daemon);
-* ``dcp``: ``torch.distributed.checkpoint.async_save(state, checkpoint_id=dir, no_dist=True)``
-  every K steps -- one process, no process group, DCP's default stager (new staging buffers
-  for every call) and thread executor;
-* ``dcp_reuse``: the same with one ``DefaultStager`` kept for the whole run (passed as
-  ``async_stager``), so DCP copies into cached buffers like snapshotkit's pooled ones.
-
-``--writer-nice N`` (a diagnostic, off by default) renices the writer's threads after each call: the
-checkpoint daemon's, or every thread of the trainer's process but the trainer's own. snapshotkit's
-writers now run at niceness 19 by themselves (``SNAPSHOTKIT_BACKGROUND_NICENESS``); set that to 0
-to measure writers at normal priority.
-
-The snapshotted state is the model and its Adam optimizer plus a separate big state (default
-1 GiB: 16 float32 tensors of 64 MiB of seeded random data, in a ``snapshotkit.StateDict``);
-every step also writes the step number into a 1 MiB slice of one big tensor, so the big state
-keeps changing while snapshots are written.  Before each snapshot the previous one is waited
-for (``pending.wait()`` / ``future.result()``); K is chosen so writes normally finish in time,
-and whether each did is recorded.  Snapshots go to a scratch directory (default: a new temp dir
-under /tmp) and are deleted after each run.
-
-Measured:
-
-1. time blocked in ``async_take`` / ``async_save``: the first call of each process (cold:
-   daemon or I/O thread start, first staging allocation) and the median of the later calls
-   (warm), against a plain ``Tensor.copy_`` of the same tensors on one thread (like the
-   trainer's): into pre-allocated, already touched tensors (``memcpy``, which the ratio uses)
-   and into fresh ``empty_like`` tensors (``memcpy_fresh``, page faults included);
-2. the training loop's slowdown: loop time with snapshots minus the time blocked in snapshot
-   calls and in waits for the previous snapshot, over the loop time without snapshots, minus 1;
-   also with the blocked time included; the mean / median step time while a background write
-   is in flight against the no-snapshot run's; and, immune to the drift between runs that a
-   shared VM shows, an in-run estimate: the in-flight steps' extra time over the same run's
-   other steps, relative to the rest of the loop.  Per run the trainer thread's CPU time and
-   time spent runnable but waiting for a CPU (/proc schedstat), the process's CPU time, the
-   checkpoint daemon's, and the machine's busy and steal fractions are recorded too.
-
-After the loop (untimed) the last snapshot is restored -- snapshotkit: ``Snapshot.restore`` into
-a fresh model and optimizer and zeroed tensors; DCP: ``dcp.load`` into zeroed tensors -- and
-compared bit-exactly with the state at the moment of the call (``--no-verify`` skips).
+It trains the same small MLP on one torch thread for a fixed number of steps, each way in a
+fresh process: with no snapshots (``none``), with ``Snapshot.async_take`` every K steps
+(``thread`` and ``process`` executors), and with DCP's ``async_save`` (``dcp``, and ``dcp_reuse``
+with one ``DefaultStager`` for the run). The state is the model and its Adam optimizer plus a big
+state (default 1 GiB of 64 MiB float32 tensors) that every step keeps writing to. It measures the
+time blocked in the snapshot call (first call, and the median of later ones) against a
+``Tensor.copy_`` of the same bytes, the loop's slowdown (also an in-run estimate immune to drift
+between runs), CPU and scheduling figures, and restores the last snapshot bit for bit
+(``--no-verify`` skips). ``--writer-nice N`` is a diagnostic that renices the writers. The
+method, in full, and the results: docs/benchmarks.md, "async_take".
 
 Usage::
 

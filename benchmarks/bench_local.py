@@ -1,47 +1,21 @@
 """Single-node checkpoint benchmark: snapshotkit against raw I/O and other savers.
 
-In one run, on the same deterministic state, this measures
-
-* raw I/O: sequential ``os.writev`` of the tensors' bytes into one file plus
-  ``fsync``, and sequential ``os.readv`` back into pre-allocated tensors
-  (the hardware ceiling);
-* ``torch.save`` into an open file plus ``fsync`` / ``torch.load(weights_only=True)``;
-* ``torch.distributed.checkpoint`` ``save`` / ``load`` (single process, no
-  process group) into pre-allocated tensors;
-* safetensors ``save_file`` (plus an ``fsync`` added by the benchmark) /
-  ``load_file`` followed by a copy of every tensor (so lazy mmap is paid for);
-* torchsnapshot ``Snapshot.take`` (plus an ``fsync`` added by the benchmark) /
-  ``Snapshot.restore``;
-* snapshotkit ``Snapshot.take`` / ``restore`` in place (with and without
-  checksum verification) / ``read_object`` of one 4 MiB tensor, all with
-  ``memory_budget_bytes``,
-
-for a "large" state (default 2 GiB of 64 MiB float32/bfloat16 tensors plus one
-4 MiB float32 tensor ``probe_4mib``) and a "small" state (default 20,000
-float32 tensors of 4 KiB).
-
-Every operation runs in a fresh process (``--launcher subprocess``: this script
-re-executed with ``--child``; ``--launcher forkserver``: forked from a server
-with torch pre-imported, much faster to start).  The process builds its state
-or destination, imports what it needs, calls ``os.sync()`` (and, before reads,
-drops the page cache when /proc/sys/vm/drop_caches is writable, else records
-``"cache": "warm"``), resets its peak-RSS mark and then times only the
-operation.  Reported per operation: median wall time over ``--repeats``,
-bandwidth (state bytes / time), ``peak_rss_over_baseline_bytes`` (peak RSS
-after the operation -- ``VmHWM``, i.e. ``ru_maxrss`` minus what Linux carries
-over ``exec`` from the parent -- minus RSS just before it; ``ru_maxrss`` itself
-is kept in the per-run records) and /proc/self/io deltas.
-After timing, restored data is verified bit-exactly (``--no-verify`` skips).
+On one deterministic state -- "large" (2 GiB of 64 MiB float32/bfloat16 tensors plus a 4 MiB
+probe tensor) and "small" (20,000 float32 tensors of 4 KiB) -- it times save and load of raw
+``writev``/``readv`` (one file, or four files by four threads), ``torch.save``/``load``, DCP,
+safetensors, torchsnapshot and snapshotkit (``take``, ``restore`` in place with and without
+checksums, ``read_object`` of one 4 MiB tensor), each operation in a fresh process with cold
+reads, and reports median time, bandwidth, peak RSS over baseline and /proc/self/io deltas; it
+then verifies restored data bit for bit (``--no-verify`` skips). The method, in full, and the
+results: docs/benchmarks.md, "Local disk". A system whose package does not import is recorded as
+skipped with the reason.
 
 Usage::
 
     python benchmarks/bench_local.py --out bench_local.json           # full run
-    python benchmarks/bench_local.py --large-bytes 256MiB --small-count 2000 \\
+    python benchmarks/bench_local.py --large-bytes 256MiB --small-count 2000 \
         --repeats 1 --only raw,snapshotkit --out /tmp/medium.json
     python benchmarks/bench_local.py --help
-
-Systems: raw, torch, dcp, safetensors, torchsnapshot, snapshotkit.  A system
-whose package does not import is recorded as skipped with the reason.
 """
 
 from __future__ import annotations

@@ -1,42 +1,19 @@
 """Object-store benchmark: snapshotkit through ``s3://`` and ``gs://`` against raw fsspec and DCP.
 
-In one run, on the same deterministic state (default 1 GiB: 16 float32 tensors of
-64 MiB), against real servers this script starts on loopback -- SeaweedFS
-(``weed mini``, S3) and fake-gcs-server (GCS, memory backend) -- it measures
-
-* ``raw-1obj``: raw s3fs / gcsfs ``pipe_file`` of the state's bytes as ONE object,
-  and ``cat_file`` of it back (the bytes are prepared outside the timed region;
-  the read returns a new ``bytes``, nothing is copied into tensors);
-* ``raw-Nobj``: raw ``pipe`` of a dict / ``cat`` of a list -- fsspec's own
-  concurrency -- of objects of the SAME SIZES as the objects a snapshotkit take
-  writes (measured by listing an untimed probe take; with snapshotkit not
-  selected, one object per tensor), filled with the state's bytes;
-* ``snapshotkit``: ``Snapshot.take(uri, {"model": StateDict(...)},
-  storage_options=...)`` and ``Snapshot(uri).restore(...)`` in place into
-  pre-allocated tensors;
-* ``dcp``: ``torch.distributed.checkpoint.save`` with
-  ``FsspecWriter(uri, **fsspec options)`` and ``load`` with ``FsspecReader``
-  into pre-allocated tensors (single process, no process group).
-
-Each timed operation runs in this process after ``gc.collect()`` and
-``os.sync()`` (so SeaweedFS's earlier writes are not flushed during it), on a
-fresh key prefix that is deleted afterwards; ``--warmup`` untimed rounds come
-first.  Reported: median seconds over ``--repeats``, bandwidth (state bytes /
-time), and for snapshotkit the ratio of its bandwidth to the faster raw figure
-(target >= 0.8 on S3; the GCS emulator is reported only).  Restored data is
-compared bit-exactly with the source afterwards (``--no-verify`` skips).
-
-Request counts come from a separate, untimed run of every system through
-``snapshotkit.testing.FaultInjectingProxy`` (a recording HTTP proxy): objects
-stored per snapshot (a listing after the save), requests per save and per load
-by method, and for S3 the PutObject / multipart split.  Timed runs never go
-through the proxy.
+On one deterministic state (default 1 GiB: 16 float32 tensors of 64 MiB), against SeaweedFS (S3)
+and fake-gcs-server (GCS) started on loopback, it times raw s3fs/gcsfs transfers of one object
+(``raw-1obj``) and of objects of the sizes a snapshotkit take writes (``raw-Nobj``), snapshotkit
+``take``/``restore`` in place, and DCP's ``FsspecWriter``/``FsspecReader``; reports median
+seconds, bandwidth and snapshotkit's ratio to the faster raw figure; verifies restored data bit
+for bit (``--no-verify`` skips); and counts requests per save and load in a separate untimed run
+through ``snapshotkit.testing.FaultInjectingProxy``. The method, in full, and the results:
+docs/benchmarks.md, "Object stores".
 
 Usage::
 
     python benchmarks/bench_objectstore.py                      # 1 GiB, s3 + gcs, 3 repeats
     python benchmarks/bench_objectstore.py --quick --out /tmp/o.json
-    python benchmarks/bench_objectstore.py --stores s3 --systems raw-1obj,snapshotkit \\
+    python benchmarks/bench_objectstore.py --stores s3 --systems raw-1obj,snapshotkit \
         --s3-option max_concurrency=8 --s3-option part_size_bytes=33554432
     python benchmarks/bench_objectstore.py --help
 
