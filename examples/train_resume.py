@@ -5,10 +5,12 @@ cosine LR schedule) is trained on tokens sampled from a fixed random Markov chai
 itself three times, each in a fresh process:
 
   A  an uninterrupted run of --steps steps, logging every loss as ``float.hex()``;
-  B  the same run, calling ``Snapshot.take`` every --snapshot-every steps, which "crashes" after
-     step --crash-at while pretending to write one more snapshot (left as an empty directory);
-  C  a fresh process that picks the newest *committed* snapshot, restores model, optimizer,
-     scheduler, data-stream generator, global RNGs and progress counter, and trains to --steps.
+  B  the same run under a ``SnapshotManager`` (keep the last 3, save every --snapshot-every steps
+     with ``async_take``), which crashes after step --crash-at: it saves once more and dies
+     (``os._exit``) after that snapshot's data is written, before its commit;
+  C  a fresh process whose ``SnapshotManager`` removes the incomplete snapshot and whose
+     ``restore_latest`` restores model, optimizer, scheduler, data-stream generator, global RNGs
+     and progress counter from the newest committed one, then trains to --steps.
 
 The parent then checks that every loss after the resume point equals run A's exactly, that the final
 weights are identical, and reads single weights back from the snapshot with a small memory budget.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import random
@@ -39,8 +42,7 @@ try:
     import snapshotkit  # noqa: F401
 except ImportError:  # running from a source checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from snapshotkit import RNGState, Snapshot, StateDict
-from snapshotkit.errors import IncompleteSnapshotError, SnapshotNotFoundError
+from snapshotkit import RNGState, Snapshot, SnapshotManager, StateDict, events
 
 VOCAB, D_MODEL, N_HEAD, D_FF, N_LAYERS, MAX_LEN, BATCH, DROPOUT = 128, 64, 4, 256, 2, 32, 16, 0.1
 CRASH_EXIT_CODE = 75  # what phase B "dies" with
@@ -138,19 +140,6 @@ def train_step(model: TinyLM, optim: torch.optim.Optimizer, sched: Any, data: Ma
     return loss.item()
 
 
-def latest_committed_snapshot(snapdir: Path, log: Any) -> tuple[int, Path] | None:
-    """Newest step_<N> directory whose metadata opens; incomplete ones are skipped."""
-    found = [(int(p.name[5:]), p) for p in snapdir.glob("step_*") if p.name[5:].isdigit()]
-    for step, path in sorted(found, reverse=True):
-        try:
-            _ = Snapshot(path).metadata
-        except (SnapshotNotFoundError, IncompleteSnapshotError) as e:
-            log(f"skipping {path.name}: {type(e).__name__}: {e}")
-            continue
-        return step, path
-    return None
-
-
 def run_phase(args: argparse.Namespace) -> None:
     phase, workdir = args.phase, Path(args.workdir)
     snapdir = workdir / "snapshots"
@@ -158,24 +147,28 @@ def run_phase(args: argparse.Namespace) -> None:
     def log(msg: str) -> None:
         print(f"[{phase}] {msg}", flush=True)
 
+    # snapshotkit logs one INFO line per committed take and restore, and each snapshot it deletes
+    logging.basicConfig(level=logging.INFO, format=f"[{phase}] %(name)s: %(message)s", stream=sys.stdout)
+
     model, optim, sched, data = build(args.seed, args.steps)
     progress = StateDict(step=0)
     app_state = {"model": model, "optim": optim, "sched": sched, "data": data, "rng": RNGState(), "progress": progress}
     result: dict[str, Any] = {"resumed_from": 0, "losses": {}}
     start = 0
+    # Phase A never saves; B and C save through the manager (which also watches for SIGTERM).
+    mgr = SnapshotManager(snapdir, keep_last=3, save_interval_steps=args.snapshot_every) if phase != "A" else None
     if phase == "C":
-        latest = latest_committed_snapshot(snapdir, log)
-        if latest is None:
+        assert mgr is not None
+        t0 = time.perf_counter()
+        restored = mgr.restore_latest(app_state)
+        if restored is None:
             log(f"no committed snapshot in {snapdir}")
             sys.exit(2)
-        t0 = time.perf_counter()
-        Snapshot(latest[1]).restore(app_state)
         start = int(progress["step"])
-        assert start == latest[0], f"progress says step {start}, directory says {latest[0]}"
+        assert start == restored, f"progress says step {start}, the manager restored step {restored}"
         assert model.head.weight is model.tok_emb.weight, "weight tying lost on restore"
-        log(f"restored {latest[1]} in {time.perf_counter() - t0:.2f}s; resuming after step {start}")
-        torch.save(model.state_dict(), workdir / "restored_model.pt")
-        result.update(resumed_from=start, snapshot=str(latest[1]))
+        log(f"restored step {restored} in {time.perf_counter() - t0:.2f}s (snapshots now: {mgr.steps()})")
+        result.update(resumed_from=start, snapshot=mgr.snapshot_path(restored))
     else:
         log(f"training from scratch, seed {args.seed}")
 
@@ -187,16 +180,22 @@ def run_phase(args: argparse.Namespace) -> None:
         if step % 10 == 0 or step == args.steps:
             log(f"step {step:3d}  loss {loss:.4f}  lr {sched.get_last_lr()[0]:.2e}")
         if phase == "B" and step == args.crash_at:
-            # The process dies while writing this step's snapshot: leave a half-made directory
-            # behind, flush the loss log (so the parent can compare it), and exit abruptly.
-            (snapdir / f"step_{step}").mkdir(parents=True)
+            # The process dies in the middle of this step's save: flush the loss log (so the parent
+            # can compare it), then exit abruptly once the data is written, before the commit.
+            assert mgr is not None
             (workdir / "losses_B.json").write_text(json.dumps(result))
-            log(f"step {step}: simulated crash while writing {snapdir / f'step_{step}'}")
-            os._exit(CRASH_EXIT_CODE)
-        if phase == "B" and step % args.snapshot_every == 0:
+            log(f"step {step}: crashing while {mgr.snapshot_path(step)} is being written")
+            events.subscribe(lambda event: os._exit(CRASH_EXIT_CODE) if event.kind == "take_staged" else None)
+            mgr.save(step, app_state)
+        if mgr is not None and mgr.should_save(step):
             t0 = time.perf_counter()
-            Snapshot.take(snapdir / f"step_{step}", app_state)
-            log(f"snapshot -> {snapdir / f'step_{step}'} ({time.perf_counter() - t0:.2f}s)")
+            mgr.save(step, app_state, metrics={"loss": loss}, async_take=True)
+            log(f"snapshot of step {step} staged in {time.perf_counter() - t0:.2f}s, written in the background")
+    if mgr is not None:
+        if phase == "C" and args.steps % args.snapshot_every:
+            mgr.save(args.steps, app_state)  # the final state, for the read-back below
+        mgr.close()  # the last save is committed, retention applied
+        log(f"snapshots kept: {mgr.steps()}")
     (workdir / f"losses_{phase}.json").write_text(json.dumps(result))
     torch.save(model.state_dict(), workdir / f"final_{phase}.pt")
 
@@ -262,16 +261,15 @@ def main(args: argparse.Namespace) -> int:
         print("[main] FAIL: final weights differ between runs A and C")
         ok = False
 
-    snap = Snapshot(runs["C"]["snapshot"])
-    restored = torch.load(workdir / "restored_model.pt")
+    final = Snapshot(workdir / "snapshots" / f"step_{args.steps}")
     for key in READ_KEYS:
-        value = snap.read_object(f"model/{key}", memory_budget_bytes=READ_BUDGET)
-        match = isinstance(value, torch.Tensor) and torch.equal(value, restored[key])
+        value = final.read_object(f"model/{key}", memory_budget_bytes=READ_BUDGET)
+        match = isinstance(value, torch.Tensor) and torch.equal(value, final_c[key])
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         print(
             f"[main] {'OK' if match else 'FAIL'}: read_object('model/{key}', "
-            f"memory_budget_bytes={READ_BUDGET}) -> shape {shape}, "
-            f"{'matches' if match else 'DOES NOT match'} the restored model"
+            f"memory_budget_bytes={READ_BUDGET}) of step {args.steps} -> shape {shape}, "
+            f"{'matches' if match else 'DOES NOT match'} the final model"
         )
         ok = ok and match
     print(f"[main] {'PASSED' if ok else 'FAILED'} in {time.perf_counter() - t_start:.1f}s wall time")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from snapshotkit import errors
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._version import __version__
+from snapshotkit.manager import SnapshotManager
 from snapshotkit.snapshot import PendingSnapshot, Snapshot
 from snapshotkit.stateful import AppState, RNGState, StateDict, Stateful
 
@@ -20,6 +21,7 @@ __all__ = [
     "PendingSnapshot",
     "RNGState",
     "Snapshot",
+    "SnapshotManager",
     "SnapshotMetadata",
     "StateDict",
     "Stateful",

@@ -114,6 +114,17 @@ class Group:
             for t, n in zip(gathered, sizes, strict=True)
         ]
 
+    def any(self, flag: bool, what: str) -> bool:
+        """Whether ``flag`` is true on any rank: one all-reduce of one integer (cheap per step)."""
+        if not self.distributed:
+            return flag
+        import torch
+        import torch.distributed as dist
+
+        value = torch.tensor([int(bool(flag))], dtype=torch.int32, device=self._device())
+        self._wait(dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.pg, async_op=True), what)
+        return bool(value.item())
+
     # ------------------------------------------------------------------ the exchange
 
     def exchange(self, value: Any, error: BaseException | None, what: str) -> list[Any]:

@@ -35,9 +35,11 @@ def test_train_resume_example_is_bit_exact(tmp_path: Path) -> None:
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
-    # Snapshots at 5, 10, 15; the crash leaves an incomplete step_17, so the resume is from step 15.
-    assert "skipping step_17" in output, output
-    assert "resuming after step 15" in output, output
+    # Snapshots at 5, 10, 15; the crash leaves an incomplete step_17, which the manager removes,
+    # so the resume is from step 15; run C saves 20 and the final 24, and keeps the last three.
+    assert "removed the incomplete snapshot" in output and "step_17" in output, output
+    assert "restored step 15" in output, output
+    assert "snapshots kept: [15, 20, 24]" in output, output
     assert "resumed losses match the uninterrupted run bit for bit for all 9 steps after step 15" in output, output
     assert "FAIL" not in output, output
     assert "PASSED" in output, output

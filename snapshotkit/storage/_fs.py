@@ -308,9 +308,23 @@ class FSStoragePlugin(StoragePlugin):
             with contextlib.suppress(OSError):
                 directory.rmdir()
 
+    def _remove_emptied_dirs(self, prefix: str) -> None:
+        """When ``prefix`` names a directory (``"step_10/"``), remove it and the directories below
+        it that are empty now, deepest first; a directory still holding anything stays."""
+        if not prefix.endswith("/") or not prefix.strip("/"):
+            return
+        top = self.root / prefix.rstrip("/")
+        if top.is_symlink() or not top.is_dir():
+            return
+        for dirpath, _dirnames, _filenames in os.walk(top, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
+        _fsync_dir(top.parent)
+
     async def delete_prefix(self, prefix: str) -> None:
         await super().delete_prefix(prefix)
         await to_thread(self._remove_empty_dirs)
+        await to_thread(self._remove_emptied_dirs, prefix)
 
     async def discard(self, locations: Sequence[str]) -> None:
         await super().discard(locations)

@@ -1,0 +1,1 @@
+"""The lifecycle of a run's snapshots: listing a root, retention, deletion, preemption notices."""

@@ -1,0 +1,139 @@
+"""A manager's root: which ``step_<n>`` snapshots are committed, which are leftovers, what they hold.
+
+The root is read through its storage plugin's listing (one ``list`` call; object stores page
+through it). Names are the only thing trusted from a listing; what a committed snapshot is
+(its step, its metrics, whether a manager wrote it) comes from its manifest, whose integrity
+line is verified like any restore's.
+
+IMPORTANT: only objects whose names snapshotkit itself writes (data objects, the manifest and
+its temporary) are ever deleted, and a directory holding anything else is left alone, so a
+foreign checkpoint (DCP, a user's files) that happens to sit under ``step_<n>`` survives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._format.entries import METADATA_FILENAME
+from snapshotkit._lifecycle.retention import StepRecord
+from snapshotkit.errors import SnapshotkitError
+from snapshotkit.storage import StoragePlugin
+
+#: The user-metadata key under which a manager records step, metrics and reason.
+MANAGER_KEY = "snapshotkit.manager"
+
+_STEP_DIR = re.compile(r"step_(0|[1-9][0-9]*)")
+# What a take writes below a snapshot: data objects ``data/<rank>_<index>_<take id>``, the
+# manifest, and the manifest's temporary file (local disk) while it is being committed.
+_OWN_OBJECT = re.compile(r"data/[0-9]+_[0-9]{5,}_[0-9a-f]+|" + re.escape(METADATA_FILENAME) + r"(\.tmp-[0-9a-f]+)?")
+
+
+def step_dir(step: int) -> str:
+    """The directory (location prefix, no slash) of ``step``'s snapshot below the root."""
+    return f"step_{step}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepObjects:
+    """The objects below one ``step_<n>`` directory of the root.
+
+    Attributes:
+        step: ``n``.
+        locations: every object below it, relative to the root, sorted.
+    """
+
+    step: int
+    locations: tuple[str, ...]
+
+    @property
+    def committed(self) -> bool:
+        """Whether the manifest is there (the take committed)."""
+        return f"{step_dir(self.step)}/{METADATA_FILENAME}" in self.locations
+
+    @property
+    def only_ours(self) -> bool:
+        """Whether every object is one a take writes (so removing them removes nothing foreign)."""
+        prefix = step_dir(self.step) + "/"
+        return all(_OWN_OBJECT.fullmatch(location.removeprefix(prefix)) for location in self.locations)
+
+
+@dataclasses.dataclass(frozen=True)
+class RootListing:
+    """The ``step_<n>`` directories of a root, by step."""
+
+    steps: Mapping[int, StepObjects]
+
+    @property
+    def committed(self) -> list[int]:
+        """Steps with a committed snapshot, ascending."""
+        return sorted(step for step, objects in self.steps.items() if objects.committed)
+
+    @property
+    def incomplete(self) -> list[int]:
+        """Steps with objects but no manifest (a take that never committed, or a deletion cut short)."""
+        return sorted(step for step, objects in self.steps.items() if not objects.committed)
+
+
+def parse_listing(locations: Sequence[str]) -> RootListing:
+    """Group a root's listing by ``step_<n>`` directory; every other entry is ignored."""
+    grouped: dict[int, list[str]] = {}
+    for location in locations:
+        head, slash, _ = location.partition("/")
+        match = _STEP_DIR.fullmatch(head)
+        if slash and match is not None:
+            grouped.setdefault(int(match.group(1)), []).append(location)
+    return RootListing({step: StepObjects(step, tuple(sorted(found))) for step, found in grouped.items()})
+
+
+async def list_root(plugin: StoragePlugin) -> RootListing:
+    """List the root ``plugin`` serves."""
+    return parse_listing(await plugin.list(""))
+
+
+def manager_record(step: int, user_metadata: Mapping[str, Any]) -> StepRecord | None:
+    """The record a manager left in a snapshot's user metadata, or None if no manager wrote it
+    (or wrote it for another step: a copied or renamed snapshot is not this step's)."""
+    raw = user_metadata.get(MANAGER_KEY)
+    if not isinstance(raw, Mapping) or raw.get("step") != step or type(raw.get("step")) is not int:
+        return None
+    metrics = raw.get("metrics", {})
+    if not isinstance(metrics, Mapping):
+        return None
+    clean: dict[str, float | None] = {}
+    for name, value in metrics.items():
+        clean[str(name)] = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return StepRecord(step, clean)
+
+
+async def read_record(plugin: StoragePlugin, step: int) -> StepRecord | None:
+    """The manager record of ``step``'s committed snapshot; None if a manager did not write it,
+    or its manifest cannot be read or verified (then it is never treated as the manager's)."""
+    try:
+        document = await plugin.read(f"{step_dir(step)}/{METADATA_FILENAME}")
+        metadata = SnapshotMetadata.from_text(bytes(document))
+    except (SnapshotkitError, OSError, ValueError, EOFError):
+        return None
+    return manager_record(step, metadata.user_metadata)
+
+
+async def delete_snapshot(plugin: StoragePlugin, objects: StepObjects) -> None:
+    """Delete what a take wrote below ``objects.step``, crash-safely.
+
+    The manifest goes first, so a deletion cut short leaves a directory that never opens as a
+    snapshot (and that the next clean-up removes). Objects a take does not write stay.
+    """
+    manifest = f"{step_dir(objects.step)}/{METADATA_FILENAME}"
+    if manifest in objects.locations:
+        try:
+            await plugin.delete(manifest)
+        except FileNotFoundError:
+            pass
+    if objects.only_ours:
+        await plugin.delete_prefix(step_dir(objects.step) + "/")
+        return
+    prefix = step_dir(objects.step) + "/"
+    await plugin.discard([loc for loc in objects.locations if _OWN_OBJECT.fullmatch(loc.removeprefix(prefix))])

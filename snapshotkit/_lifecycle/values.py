@@ -1,0 +1,78 @@
+"""Checks of what a manager is given: steps, metrics, user metadata and take keywords.
+
+Every check runs before anything is written, and raises ``TypeError``/``ValueError`` subclasses
+from :mod:`snapshotkit.errors`.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+from snapshotkit._lifecycle.catalog import MANAGER_KEY
+from snapshotkit.errors import ConfigError, InvalidArgumentError
+
+#: ``save()`` keywords the manager sets itself.
+_MANAGED_KEYWORDS = ("metadata", "pg", "storage_options", "path", "app_state")
+
+
+def check_step(step: object) -> int:
+    """``step`` as a non-negative int (any integer type: int, NumPy, 0-d integer tensor; not bool)."""
+    try:
+        if isinstance(step, bool):
+            raise TypeError
+        value = operator.index(step)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgumentError(
+            f"step must be an int (the training step), got {type(step).__name__} {step!r}"
+        ) from None
+    if value < 0:
+        raise ConfigError(f"step must be at least 0, got {value}")
+    return value
+
+
+def clean_metrics(metrics: object) -> dict[str, float | None]:
+    """``metrics`` as ``{name: float}``; 0-d tensors and NumPy scalars become floats, and values
+    that are not finite become None (stored, but never ranked as best)."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise InvalidArgumentError(f"metrics must be a dict of name -> number, got {type(metrics).__name__}")
+    clean: dict[str, float | None] = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"metric names must be str, got {type(name).__name__} {name!r}")
+        if isinstance(value, bool) or value is None:
+            raise ConfigError(f"metric {name!r} is {value!r}; pass a number (a float, int or 0-d tensor)")
+        try:
+            number = float(value)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ConfigError(
+                f"metric {name!r} is {type(value).__name__} {value!r}, not a number; pass a float, int or 0-d tensor"
+            ) from exc
+        clean[name] = number if math.isfinite(number) else None
+    return clean
+
+
+def check_metadata(metadata: object) -> dict[str, Any]:
+    """The user's metadata as a dict; the manager's own key is refused (``Snapshot.take``
+    checks that the rest is JSON)."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidArgumentError(f"metadata must be a dict, got {type(metadata).__name__}")
+    if MANAGER_KEY in metadata:
+        raise ConfigError(f"metadata key {MANAGER_KEY!r} is the manager's own (step, metrics); use another key")
+    return dict(metadata)
+
+
+def check_take_keywords(take_kwargs: Mapping[str, Any]) -> None:
+    """Refuse ``save()`` keywords the manager sets itself."""
+    for name in _MANAGED_KEYWORDS:
+        if name in take_kwargs:
+            raise InvalidArgumentError(
+                f"save() sets {name}= itself; pass pg and storage_options to SnapshotManager(...), "
+                "and metadata through save(metadata=...)"
+            )

@@ -1,0 +1,508 @@
+"""The snapshot manager: a root of ``step_<n>`` snapshots, kept by policy, resumed from the newest good one.
+
+    mgr = SnapshotManager("s3://bucket/run7", keep_last=3, save_interval_steps=1_000)
+    step = mgr.restore_latest(app_state) or 0
+    while step < total_steps:
+        train_step(); step += 1
+        if mgr.should_save(step):
+            mgr.save(step, app_state, metrics={"val_loss": loss}, async_take=True)
+    mgr.close()
+
+The manager orchestrates; listing, retention, deletion and signal handling live in
+:mod:`snapshotkit._lifecycle`. It keeps no side file: what a root holds is what its snapshots'
+manifests say (the step, metrics and reason of each save are in the snapshot's user metadata).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import signal
+import time
+import warnings
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from snapshotkit import _events
+from snapshotkit._config import Config, snapshot_path
+from snapshotkit._dist import resolve_group
+from snapshotkit._lifecycle.catalog import (
+    MANAGER_KEY,
+    RootListing,
+    StepObjects,
+    delete_snapshot,
+    list_root,
+    read_record,
+    step_dir,
+)
+from snapshotkit._lifecycle.preemption import PreemptionWatcher
+from snapshotkit._lifecycle.retention import RetentionPolicy, StepRecord, best_steps, kept_steps
+from snapshotkit._lifecycle.values import check_metadata, check_step, check_take_keywords, clean_metrics
+from snapshotkit._runtime.loop import run_sync
+from snapshotkit.errors import (
+    ConfigError,
+    IntegrityError,
+    ManifestError,
+    RankFailedError,
+    SnapshotExistsError,
+    SnapshotkitError,
+    SnapshotNotFoundError,
+    StorageError,
+    UnsafeStorageObjectError,
+    UnsupportedFormatVersionError,
+)
+from snapshotkit.snapshot import PendingSnapshot, Snapshot
+from snapshotkit.stateful import AppState
+from snapshotkit.storage import StoragePlugin, open_storage_plugin
+
+__all__ = ["SnapshotManager"]
+
+T = TypeVar("T")
+_log = logging.getLogger("snapshotkit.manager")
+_DEFAULT_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None)) if s)
+
+
+class SnapshotManager:
+    """Snapshots of one training run under ``root``, one per step at ``<root>/step_<step>``.
+
+    Every rank of a distributed job constructs the manager and calls :meth:`save`,
+    :meth:`restore_latest` and :meth:`should_save` at the same points (they are collective);
+    rank 0 alone applies retention and deletes. Construction removes the leftovers of takes that
+    never committed (see :meth:`cleanup`) and installs the preemption signal handlers.
+
+    Args:
+        root: the directory or URI prefix holding the run's snapshots (any URL ``Snapshot`` opens).
+        keep_last: keep the newest this many snapshots (None: no limit by recency).
+        keep_every: also keep every snapshot whose step is a multiple of this.
+        best_metric: the metric :meth:`best_step` and ``keep_best`` rank by.
+        best_mode: ``"min"`` (lower is better, a loss) or ``"max"`` (an accuracy).
+        keep_best: also keep the best this many by ``best_metric``.
+        save_interval_steps: :meth:`should_save` is true at multiples of this.
+        pg: the ``torch.distributed`` process group (see :class:`~snapshotkit.Snapshot`).
+        storage_options: passed to the storage plugin.
+        preemption_signals: signals that announce a preemption (default SIGTERM and SIGUSR1); a
+            previous Python handler is chained; ``()`` installs nothing (and, with many ranks,
+            skips the per-step agreement :meth:`should_save` otherwise makes).
+        cleanup_incomplete: remove incomplete snapshots when the manager opens the root.
+
+    With neither ``keep_last`` nor ``keep_best``, nothing is ever deleted. The newest snapshot is
+    always kept. Only snapshots a manager wrote are deleted: anything else under the root (a
+    snapshot taken by hand, a foreign checkpoint, a file) is never touched.
+
+    Raises:
+        InvalidArgumentError, ConfigError: an argument is of the wrong type or out of range.
+        StorageError: the root could not be listed.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        best_metric: str | None = None,
+        best_mode: str = "min",
+        keep_best: int | None = None,
+        save_interval_steps: int | None = None,
+        pg: Any | None = None,
+        storage_options: dict[str, Any] | None = None,
+        preemption_signals: Sequence[int] = _DEFAULT_SIGNALS,
+        cleanup_incomplete: bool = True,
+    ) -> None:
+        self.root = snapshot_path(root).rstrip("/")
+        self.policy = RetentionPolicy(keep_last, keep_every, keep_best, best_metric, best_mode)  # type: ignore[arg-type]
+        if save_interval_steps is not None:
+            check_step(save_interval_steps)
+            if save_interval_steps < 1:
+                raise ConfigError(f"save_interval_steps must be at least 1, got {save_interval_steps}")
+        self.save_interval_steps = save_interval_steps
+        self.pg = pg
+        self._options = dict(storage_options or {})
+        self._group = resolve_group(pg, timeout_seconds=Config.resolve().collective_timeout_seconds)
+        self._records: dict[int, StepRecord | None] = {}  # rank 0: committed step -> its manager record
+        self._pending: PendingSnapshot | None = None
+        self._pending_step: int | None = None
+        self._retention: concurrent.futures.Future[None] | None = None
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._preemption_agreed = False
+        self._preemption_saved = False
+        self._closed = False
+        error: BaseException | None = None
+        committed: list[int] = []
+        try:
+            if self._group.rank == 0:
+                if cleanup_incomplete:
+                    self.cleanup()
+                committed = self._listing().committed
+        except Exception as exc:
+            error = exc
+        agreed = self._group.exchange(committed, error, "SnapshotManager: listing the root")
+        self._steps: set[int] = set(agreed[0])
+        self._watcher = PreemptionWatcher(tuple(preemption_signals))
+        self._watch_preemption = bool(preemption_signals)
+
+    def __repr__(self) -> str:
+        return f"SnapshotManager({self.root!r})"
+
+    def __enter__(self) -> SnapshotManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ what the root holds
+
+    def snapshot_path(self, step: int) -> str:
+        """Where the snapshot of ``step`` lives: ``<root>/step_<step>``."""
+        return f"{self.root}/{step_dir(check_step(step))}"
+
+    def steps(self) -> list[int]:
+        """The steps with a committed snapshot under the root, ascending (listed now, on this rank)."""
+        return self._listing().committed
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or None."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def best_step(self) -> int | None:
+        """The committed step with the best ``best_metric`` (None if none has a finite value).
+
+        Raises:
+            ConfigError: the manager has no ``best_metric``.
+        """
+        if self.policy.best_metric is None:
+            raise ConfigError("best_step() needs best_metric: SnapshotManager(..., best_metric='val_loss')")
+        records = [r for r in self._load_records(self.steps()).values() if r is not None]
+        best = best_steps(records, self.policy.best_metric, self.policy.best_mode, 1)
+        return best[0] if best else None
+
+    def snapshot(self, step: int) -> Snapshot:
+        """The committed snapshot of ``step``.
+
+        Raises:
+            SnapshotNotFoundError: no committed snapshot for that step (the message lists them).
+        """
+        step = check_step(step)
+        steps = self.steps()
+        if step not in steps:
+            raise SnapshotNotFoundError(
+                f"no committed snapshot for step {step} under {self.root!r}; committed steps: {_shown(steps)}"
+            )
+        return Snapshot(self.snapshot_path(step), pg=self.pg, storage_options=self._options)
+
+    def metrics(self, step: int) -> dict[str, float | None]:
+        """The metrics saved with ``step`` (``{}`` for a snapshot the manager did not write).
+
+        Raises:
+            SnapshotNotFoundError: no committed snapshot for that step.
+        """
+        user = self.snapshot(step).metadata.user_metadata
+        record = user.get(MANAGER_KEY)
+        return dict(record.get("metrics", {})) if isinstance(record, dict) else {}
+
+    # ------------------------------------------------------------------ saving
+
+    @property
+    def preemption_received(self) -> bool:
+        """Whether a preemption notice arrived (on any rank, as of the last :meth:`should_save`)."""
+        return self._preemption_agreed or self._watcher.received.is_set()
+
+    @property
+    def preemption_saved(self) -> bool:
+        """Whether the save for a preemption notice was made: the loop should stop now
+        (after :meth:`close`, which waits for it to commit)."""
+        return self._preemption_saved
+
+    def request_preemption(self) -> None:
+        """Record a preemption notice by hand (for schedulers that announce it other than by signal)."""
+        self._watcher.request()
+
+    def should_save(self, step: int) -> bool:
+        """Whether to save at ``step``: a multiple of ``save_interval_steps``, or a preemption notice
+        arrived and was not saved for yet; never for a step that already has a snapshot.
+
+        With many ranks this is collective (one all-reduce of one integer, so that every rank
+        sees a notice any rank received); call it on every rank at the same steps.
+        """
+        step = check_step(step)
+        notice = self._watcher.received.is_set()
+        if self._watch_preemption:
+            notice = self._group.any(notice, "SnapshotManager.should_save: agreeing on a preemption notice")
+        self._preemption_agreed = self._preemption_agreed or notice
+        if step in self._steps:
+            return False
+        if self._preemption_agreed and not self._preemption_saved:
+            return True
+        return self.save_interval_steps is not None and step % self.save_interval_steps == 0
+
+    def save(
+        self,
+        step: int,
+        app_state: AppState,
+        *,
+        metrics: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        async_take: bool = False,
+        **take_kwargs: Any,
+    ) -> Snapshot | PendingSnapshot:
+        """Take the snapshot of ``step``, then apply retention once it is committed.
+
+        At most one save is in flight: a save waits for the previous ``async_take`` save first.
+        Retention runs in the background on rank 0 and never blocks the caller.
+
+        Args:
+            step: the training step (an int >= 0); the snapshot goes to ``<root>/step_<step>``.
+            app_state: as for :meth:`Snapshot.take`.
+            metrics: numbers to keep with the snapshot (0-d tensors are fine); ``best_metric``
+                is read from here. Values that are not finite are stored as None.
+            metadata: more JSON-serializable user metadata for the snapshot.
+            async_take: use :meth:`Snapshot.async_take` and return once the state is staged.
+            take_kwargs: passed on (``replicated``, ``memory_budget_bytes``, ``include``,
+                ``exclude``, ``executor``...).
+
+        Returns:
+            The committed :class:`Snapshot`, or the :class:`PendingSnapshot` with ``async_take``.
+
+        Raises:
+            SnapshotExistsError: ``step`` already has a snapshot.
+            InvalidArgumentError, ConfigError: a wrong argument (nothing was written).
+            SnapshotkitError: the previous async save failed (its error; this save did not start),
+                or this take failed, as :meth:`Snapshot.take` raises.
+        """
+        step = check_step(step)
+        clean = clean_metrics(metrics)
+        user_metadata = check_metadata(metadata)
+        check_take_keywords(take_kwargs)
+        if not isinstance(async_take, bool):
+            raise ConfigError(f"async_take must be True or False, got {async_take!r}")
+        self._settle_pending()
+        if step in self._steps:
+            raise SnapshotExistsError(
+                f"step {step} already has a snapshot at {self.snapshot_path(step)!r}; snapshotkit never overwrites "
+                "one. Save a later step (should_save() is false for saved steps)"
+            )
+        preemption = self._preemption_agreed and not self._preemption_saved
+        reason = "preemption" if preemption else "interval" if self._on_interval(step) else "manual"
+        user_metadata[MANAGER_KEY] = {"step": step, "metrics": clean, "reason": reason}
+        path = self.snapshot_path(step)
+        common: dict[str, Any] = {"pg": self.pg, "storage_options": self._options, "metadata": user_metadata}
+        with _events.step_scope(step):
+            if async_take:
+                result: Snapshot | PendingSnapshot = Snapshot.async_take(path, app_state, **common, **take_kwargs)
+            else:
+                result = Snapshot.take(path, app_state, **common, **take_kwargs)
+        self._steps.add(step)
+        self._preemption_saved = self._preemption_saved or preemption
+        if isinstance(result, PendingSnapshot):
+            self._pending, self._pending_step = result, step
+        if self._group.rank == 0:
+            self._records[step] = StepRecord(step, clean)
+            pending = result if isinstance(result, PendingSnapshot) else None
+            self._retention = self._background().submit(self._retain_after, pending)
+        return result
+
+    def wait(self) -> None:
+        """Wait for the pending save (raising its failure) and the retention it started."""
+        try:
+            self._settle_pending()
+        finally:
+            retention, self._retention = self._retention, None
+            if retention is not None:
+                retention.result()
+
+    def close(self) -> None:
+        """:meth:`wait`, then stop the background work and put the previous signal handlers back.
+
+        Idempotent; the manager is also a context manager that closes on exit.
+        """
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self._watcher.close()
+            if self._worker is not None:
+                self._worker.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ resuming
+
+    def restore_latest(self, app_state: AppState, **restore_kwargs: Any) -> int | None:
+        """Restore the newest snapshot that is complete and restores without error; return its step.
+
+        Newest first, a snapshot whose take never committed, or whose data or manifest is damaged
+        (checksum, truncation, integrity), is skipped with a warning naming it and why, and the
+        next older one is tried; every rank moves on together. Any other failure (a state that
+        does not match, a store that cannot be reached) is raised: it would fail on every
+        snapshot alike.
+
+        Args:
+            app_state: as for :meth:`Snapshot.restore`.
+            restore_kwargs: passed to :meth:`Snapshot.restore` (``strict``, ``weights_only``...).
+
+        Returns:
+            The step restored, or None when the root holds nothing to resume from.
+        """
+        self._settle_pending()
+        error: BaseException | None = None
+        committed: list[int] = []
+        if self._group.rank == 0:
+            try:
+                committed = self._listing().committed
+            except Exception as exc:
+                error = exc
+        candidates: list[int] = self._group.exchange(committed, error, "restore_latest: listing the root")[0]
+        for step in reversed(candidates):
+            path = self.snapshot_path(step)
+            try:
+                with _events.step_scope(step):
+                    Snapshot(path, pg=self.pg, storage_options=self._options).restore(app_state, **restore_kwargs)
+            except Exception as exc:
+                if not self._skip_together(exc):
+                    raise
+                warnings.warn(
+                    f"restore_latest: skipping the snapshot of step {step} at {path!r}: {_reason(exc)}; "
+                    "trying the next older one",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            self._steps.add(step)
+            return step
+        return None
+
+    def _skip_together(self, exc: BaseException) -> bool:
+        """Whether every rank skips the snapshot that raised ``exc`` here (all ranks agree)."""
+        own = exc.__cause__ if isinstance(exc, RankFailedError) else exc
+        verdict = "follow" if isinstance(exc, RankFailedError) and own is None else "skip" if _damaged(own) else "raise"
+        if not self._group.distributed:
+            return verdict == "skip"
+        verdicts = self._group.exchange(verdict, None, "restore_latest: agreeing to skip a snapshot")
+        return "raise" not in verdicts and "skip" in verdicts
+
+    # ------------------------------------------------------------------ clean-up and retention
+
+    def cleanup(self) -> list[int]:
+        """Remove incomplete snapshots (takes that never committed, deletions cut short); rank 0 only.
+
+        A step being written by this manager's pending save is left alone, and so is a directory
+        holding anything a take does not write (it is reported at WARNING instead).
+
+        Returns:
+            The steps removed (none on other ranks).
+        """
+        if self._group.rank != 0:
+            return []
+        listing = self._listing()
+        removed: list[int] = []
+        for step in listing.incomplete:
+            if self._pending is not None and step == self._pending_step and not self._pending.done():
+                continue
+            objects = listing.steps[step]
+            if not objects.only_ours:
+                _log.warning(
+                    "not removing %s/%s: it has no committed snapshot but holds objects snapshotkit does not write",
+                    self.root,
+                    step_dir(step),
+                )
+                continue
+            self._delete(objects, "incomplete_removed")
+            removed.append(step)
+        return removed
+
+    def _retain_after(self, pending: PendingSnapshot | None) -> None:
+        """Rank 0's background work after a save: once it committed, delete what the policy drops."""
+        if pending is not None:
+            try:
+                pending.wait()
+            except BaseException:
+                return  # the caller learns of the failure from wait() or the next save()
+        if not self.policy.deletes:
+            return
+        listing = self._listing()
+        records = self._load_records(listing.committed)
+        kept = kept_steps([r for r in records.values() if r is not None], self.policy)
+        for step, record in records.items():
+            if record is not None and step not in kept:
+                self._delete(listing.steps[step], "snapshot_deleted")
+                self._records.pop(step, None)
+
+    def _delete(self, objects: StepObjects, kind: _events.EventKind) -> None:
+        started = time.perf_counter()
+        path = self.snapshot_path(objects.step)
+        self._run(lambda plugin: delete_snapshot(plugin, objects), f"deleting {path!r}")
+        seconds = time.perf_counter() - started
+        what = "deleted the snapshot" if kind == "snapshot_deleted" else "removed the incomplete snapshot"
+        _log.info("%s %s (%d objects) in %.2f s", what, path, len(objects.locations), seconds)
+        _events.emit(kind, path=path, step=objects.step, rank=0, seconds=seconds)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _on_interval(self, step: int) -> bool:
+        return self.save_interval_steps is not None and step % self.save_interval_steps == 0
+
+    def _settle_pending(self) -> None:
+        pending, step = self._pending, self._pending_step
+        if pending is None:
+            return
+        self._pending = self._pending_step = None
+        try:
+            pending.wait()
+        except BaseException:
+            if step is not None:
+                self._steps.discard(step)
+            raise
+
+    def _background(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshotkit-retention")
+        return self._worker
+
+    def _listing(self) -> RootListing:
+        return self._run(list_root, f"listing {self.root!r}")
+
+    def _load_records(self, steps: Sequence[int]) -> dict[int, StepRecord | None]:
+        """The manager records of ``steps`` (manifests read once, then cached)."""
+        missing = [s for s in steps if s not in self._records]
+        for step in missing:
+            self._records[step] = self._run(lambda plugin, s=step: read_record(plugin, s), "reading a manifest")
+        return {s: self._records[s] for s in steps}
+
+    def _run(self, call: Callable[[StoragePlugin], Coroutine[Any, Any, T]], what: str) -> T:
+        """Run ``call`` on a plugin for the root; storage failures become a :class:`StorageError`."""
+
+        async def run() -> T:
+            plugin = open_storage_plugin(self.root, self._options)
+            try:
+                return await call(plugin)
+            finally:
+                await plugin.close()
+
+        try:
+            return run_sync(run())
+        except SnapshotkitError:
+            raise
+        except Exception as exc:
+            raise StorageError(
+                f"SnapshotManager: {what} failed: {type(exc).__name__}: {exc}. Check that the root "
+                f"{self.root!r} is reachable and that you may list and delete there"
+            ) from exc
+
+
+def _damaged(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the snapshot itself is incomplete or damaged (not the state or the store)."""
+    if exc is None or isinstance(exc, UnsupportedFormatVersionError):
+        return False
+    return isinstance(exc, (SnapshotNotFoundError, ManifestError, IntegrityError, UnsafeStorageObjectError))
+
+
+def _reason(exc: BaseException) -> str:
+    own = exc.__cause__ if isinstance(exc, RankFailedError) and exc.__cause__ is not None else exc
+    return f"{type(own).__name__}: {own}"
+
+
+def _shown(steps: Sequence[int]) -> str:
+    if not steps:
+        return "none"
+    return ", ".join(map(str, steps[:10])) + (f" ... ({len(steps)} in all)" if len(steps) > 10 else "")
