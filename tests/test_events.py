@@ -1,15 +1,27 @@
-"""Lifecycle events (``snapshotkit.events``): subscribers, steps, emitting."""
+"""Lifecycle events (``snapshotkit.events``) and the take/restore log lines."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
+import sys
 import threading
+from pathlib import Path
 
 import pytest
+import torch
 
-from snapshotkit import _events, events
+from snapshotkit import Snapshot, StateDict, _events, events
 from snapshotkit._events import current_step, emit, step_scope, transfer_summary
+from snapshotkit.errors import SnapshotExistsError, StorageError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/
+import _storage_doubles
+
+_storage_doubles.register()
+
+EXECUTORS = ["thread", "process"]
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -47,7 +59,153 @@ def seen() -> Seen:
     return recorder
 
 
+def _state() -> dict[str, StateDict]:
+    return {"s": StateDict(a=torch.arange(1000.0), b=torch.ones(3, 5), tag="run")}
+
+
+def _stored_bytes(path: str) -> int:
+    return sum(p.stat().st_size for p in Path(path, "data").iterdir())
+
+
+# ------------------------------------------------------------------ take and async_take
+
+
+def test_take_reports_started_staged_committed(tmp_path: Path, seen: Seen) -> None:
+    path = str(tmp_path / "snap")
+    Snapshot.take(path, _state())
+    assert seen.kinds == ["take_started", "take_staged", "take_committed"]
+    started, staged, committed = seen.events
+    assert {e.path for e in seen.events} == {path}
+    assert {e.rank for e in seen.events} == {0}
+    assert {e.step for e in seen.events} == {None}
+    assert {e.error for e in seen.events} == {None}
+    assert started.nbytes is None and started.seconds is None
+    assert staged.nbytes == committed.nbytes == _stored_bytes(path)
+    assert staged.seconds is not None and committed.seconds is not None
+    assert 0 < staged.seconds <= committed.seconds
+    assert set(seen.threads) == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_async_take_reports_staged_on_return_and_commits_from_the_coordinator(
+    tmp_path: Path, seen: Seen, executor: str
+) -> None:
+    path = str(tmp_path / "snap")
+    pending = Snapshot.async_take(path, _state(), executor=executor)
+    assert seen.kinds[:2] == ["take_started", "take_staged"]  # before async_take returned
+    pending.wait()
+    assert seen.kinds == ["take_started", "take_staged", "take_committed"]  # before wait returned
+    assert seen.of("take_staged").nbytes == seen.of("take_committed").nbytes == _stored_bytes(path)
+    caller = threading.current_thread().name
+    assert seen.threads[:2] == [caller, caller]
+    assert seen.threads[2] != caller  # the coordinator thread
+
+
+def test_take_onto_an_existing_snapshot_reports_the_error_it_raises(tmp_path: Path, seen: Seen) -> None:
+    path = str(tmp_path / "snap")
+    Snapshot.take(path, _state())
+    seen.events.clear()
+    with pytest.raises(SnapshotExistsError) as info:
+        Snapshot.take(path, _state())
+    assert seen.kinds == ["take_started", "take_failed"]
+    failed = seen.of("take_failed")
+    assert failed.error is info.value
+    assert failed.path == path and failed.nbytes is None
+    assert failed.seconds is not None and failed.seconds >= 0
+
+
+def test_a_failing_write_reports_take_failed_and_no_staged(tmp_path: Path, seen: Seen) -> None:
+    uri = f"failing://{tmp_path / 'snap'}"
+    with pytest.raises(StorageError, match="No space left on device") as info:
+        Snapshot.take(uri, _state())
+    assert seen.kinds == ["take_started", "take_failed"]  # take's data is staged once written
+    assert seen.of("take_failed").error is info.value
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_failing_background_write_reports_the_error_wait_raises(tmp_path: Path, seen: Seen, executor: str) -> None:
+    uri = f"failing://{tmp_path / 'snap'}"
+    pending = Snapshot.async_take(uri, _state(), executor=executor)
+    with pytest.raises(StorageError, match="No space left on device") as info:
+        pending.wait()
+    assert seen.kinds == ["take_started", "take_staged", "take_failed"]
+    assert seen.of("take_failed").error is info.value
+
+
+def test_an_invalid_app_state_reports_take_failed(tmp_path: Path, seen: Seen) -> None:
+    with pytest.raises(TypeError) as info:
+        Snapshot.take(str(tmp_path / "snap"), {"s": object()})  # type: ignore[dict-item]
+    assert seen.kinds == ["take_started", "take_failed"]
+    assert seen.of("take_failed").error is info.value
+
+
+# ------------------------------------------------------------------ restore and read_object
+
+
+def test_restore_reports_the_bytes_it_read_and_read_object_nothing(tmp_path: Path, seen: Seen) -> None:
+    path = str(tmp_path / "snap")
+    Snapshot.take(path, _state())
+    seen.events.clear()
+    fresh = StateDict(a=torch.zeros(1000), b=torch.zeros(3, 5), tag="")
+    Snapshot(path).restore({"s": fresh})
+    assert torch.equal(fresh["a"], torch.arange(1000.0)) and fresh["tag"] == "run"
+    assert seen.kinds == ["restore_finished"]
+    finished = seen.events[0]
+    assert finished.path == path and finished.rank == 0 and finished.error is None
+    assert finished.nbytes is not None and 4000 + 60 <= finished.nbytes <= _stored_bytes(path)
+    assert finished.seconds is not None and finished.seconds > 0
+    seen.events.clear()
+    Snapshot(path).read_object("s/a")
+    Snapshot(path).read_object("s")
+    assert seen.events == []
+
+
+def test_a_failing_restore_reports_nothing(tmp_path: Path, seen: Seen) -> None:
+    path = str(tmp_path / "snap")
+    Snapshot.take(path, _state())
+    seen.events.clear()
+    with pytest.raises(KeyError):
+        Snapshot(path).restore({"missing": StateDict()})
+    assert seen.events == []
+
+
 # ------------------------------------------------------------------ steps
+
+
+def test_step_scope_tags_every_event_of_take_and_restore(tmp_path: Path, seen: Seen) -> None:
+    path = str(tmp_path / "snap")
+    assert current_step() is None
+    with step_scope(10):
+        assert current_step() == 10
+        Snapshot.take(path, _state())
+        with step_scope(11):
+            Snapshot(path).restore(_state())
+        assert current_step() == 10
+    assert current_step() is None
+    assert [(e.kind, e.step) for e in seen.events] == [
+        ("take_started", 10),
+        ("take_staged", 10),
+        ("take_committed", 10),
+        ("restore_finished", 11),
+    ]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_async_take_events_carry_the_step_it_started_in(tmp_path: Path, seen: Seen, executor: str) -> None:
+    with step_scope(42):
+        pending = Snapshot.async_take(str(tmp_path / "snap"), _state(), executor=executor)
+    with step_scope(43):  # the step when waiting does not matter
+        pending.wait()
+    assert [e.step for e in seen.events] == [42, 42, 42]
+    assert seen.threads[2] != threading.current_thread().name  # committed on the coordinator thread
+
+
+def test_failed_background_take_carries_its_step(tmp_path: Path, seen: Seen) -> None:
+    with step_scope(7):
+        pending = Snapshot.async_take(f"failing://{tmp_path / 'snap'}", _state())
+    with pytest.raises(StorageError):
+        pending.wait()
+    assert seen.of("take_failed").step == 7
 
 
 def test_step_scope_is_not_seen_by_other_threads() -> None:
@@ -72,6 +230,27 @@ def test_emit_takes_the_scope_step_unless_given_one(seen: Seen) -> None:
 
 
 # ------------------------------------------------------------------ subscribers
+
+
+def test_a_raising_callback_is_logged_and_the_take_still_commits(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(event: events.Event) -> None:
+        raise ValueError(f"broken callback on {event.kind}")
+
+    recorder = Seen()
+    events.subscribe(broken)
+    events.subscribe(recorder)
+    path = str(tmp_path / "snap")
+    with caplog.at_level(logging.WARNING, logger="snapshotkit.events"):
+        Snapshot.take(path, _state())
+    assert Snapshot(path).read_object("s/tag") == "run"
+    assert recorder.kinds == ["take_started", "take_staged", "take_committed"]  # after the broken one
+    records = [r for r in caplog.records if r.name == "snapshotkit.events"]
+    assert len(records) == 3
+    assert all(r.levelno >= logging.WARNING for r in records)
+    assert all(r.exc_info is not None and isinstance(r.exc_info[1], ValueError) for r in records)
+    assert "broken callback on take_committed" in caplog.text  # the traceback is in the log
 
 
 def test_unsubscribe_stops_delivery_and_is_idempotent(seen: Seen) -> None:
@@ -168,10 +347,36 @@ def test_events_are_frozen_values() -> None:
     assert event == events.Event(kind="take_started", path="/p")
 
 
-# ------------------------------------------------------------------ log lines
+# ------------------------------------------------------------------ logging
 
 
 def test_transfer_summary() -> None:
     assert transfer_summary(1 << 30, 2.31) == "1.00 GiB in 2.31 s (0.43 GiB/s)"
     assert transfer_summary(3 << 20, 0.5) == "3.00 MiB in 0.50 s (0.01 GiB/s)"
     assert transfer_summary(1000, 0.25) == "1000 B in 0.25 s (0.00 GiB/s)"
+
+
+_LINE = r"{} snapshot {}: [0-9.]+ (B|KiB|MiB) in [0-9.]+ s \([0-9.]+ GiB/s\), rank 0 of 1"
+
+
+def test_a_healthy_run_logs_one_info_line_per_take_and_restore_and_nothing_worse(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    paths = [str(tmp_path / name) for name in ("take", "thread", "process")]
+    with caplog.at_level(logging.DEBUG):
+        Snapshot.take(paths[0], _state())
+        Snapshot.async_take(paths[1], _state(), executor="thread").wait()
+        Snapshot.async_take(paths[2], _state(), executor="process").wait()
+        Snapshot(paths[0]).restore(_state())
+        Snapshot(paths[0]).read_object("s/a")
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    infos = [(r.name, r.getMessage()) for r in caplog.records if r.levelno == logging.INFO]
+    assert len(infos) == 4, infos
+    expected = [
+        ("snapshotkit.take", _LINE.format("took", re.escape(paths[0]))),
+        ("snapshotkit.take", _LINE.format("took", re.escape(paths[1]))),
+        ("snapshotkit.take", _LINE.format("took", re.escape(paths[2]))),
+        ("snapshotkit.restore", _LINE.format("restored", re.escape(paths[0]))),
+    ]
+    for (name, message), (want_name, pattern) in zip(infos, expected, strict=True):
+        assert name == want_name and re.fullmatch(pattern, message), message
