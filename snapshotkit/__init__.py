@@ -9,7 +9,7 @@ weight = Snapshot("/ckpt/step_1000").read_object("model/layer1.weight")
 
 from __future__ import annotations
 
-from snapshotkit import errors
+from snapshotkit import errors, events
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._version import __version__
 from snapshotkit.manager import SnapshotManager
@@ -27,4 +27,5 @@ __all__ = [
     "Stateful",
     "__version__",
     "errors",
+    "events",
 ]

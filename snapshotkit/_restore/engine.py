@@ -3,16 +3,23 @@
 manifest (:func:`load_metadata`)  ->  plan reads for the leaves wanted (:mod:`.plan`, :mod:`.load`)
 ->  fetch byte ranges under the budget (:mod:`.fetch`)  ->  place into the destinations
 ->  ``load_state_dict()`` (RNG last)
+
+A successful :func:`restore` reports itself on each rank: a ``restore_finished`` event
+(:mod:`snapshotkit._events`) with the bytes this rank read, and an INFO line on logger
+``snapshotkit.restore``. :func:`read_object` reports nothing: it is a lookup, often one of many.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from snapshotkit._app_state import validate_app_state
 from snapshotkit._config import Config
 from snapshotkit._dist import Group
+from snapshotkit._events import emit, transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME, Entry, ShardedTensorEntry, TensorEntry
 from snapshotkit._format.sharded import destination_boxes
@@ -45,6 +52,8 @@ from snapshotkit.stateful import Stateful
 from snapshotkit.storage import StoragePlugin
 
 OpenPlugin = Callable[[], StoragePlugin]
+
+logger = logging.getLogger("snapshotkit.restore")
 
 
 def load_metadata(open_plugin: OpenPlugin, path: str, wanted: Sequence[str] = ()) -> SnapshotMetadata:
@@ -111,18 +120,19 @@ async def _not_found(plugin: StoragePlugin, path: str, wanted: Sequence[str]) ->
     return SnapshotNotFoundError(f"{asked}no snapshot at {path!r} (no {METADATA_FILENAME} there); check the path")
 
 
-def _fetch(open_plugin: OpenPlugin, path: str, loader: LeafLoader, config: Config) -> None:
-    run_sync(_read_and_close(_open(open_plugin, path), loader, config))
+def _fetch(open_plugin: OpenPlugin, path: str, loader: LeafLoader, config: Config) -> int:
+    """Read everything ``loader`` needs; the bytes read from storage."""
+    return run_sync(_read_and_close(_open(open_plugin, path), loader, config))
 
 
-async def _read_and_close(plugin: StoragePlugin, loader: LeafLoader, config: Config) -> None:
+async def _read_and_close(plugin: StoragePlugin, loader: LeafLoader, config: Config) -> int:
     # Not a closure: a failure's traceback holds this frame and the frame its function, so the
     # destinations a closure captured would live as long as the error.
     try:
         # Claimed pieces are proven against the data objects before anything is allocated for them.
-        await check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency)
+        probed_bytes = await check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency)
         loader.allocate()
-        await read_pieces(
+        return probed_bytes + await read_pieces(
             plugin,
             loader.reads,
             budget=MemoryBudget(config.memory_budget_bytes),
@@ -146,15 +156,21 @@ def restore(
 ) -> None:
     """Load the snapshot into ``app_state`` on every rank of ``group``: every rank restored, or
     every rank raises (nobody trains on from a half-restored state)."""
+    started_s = time.perf_counter()
     error: BaseException | None = None
+    nbytes = 0
     try:
-        _restore_rank(metadata, app_state, path, open_plugin, group.rank, config, strict, weights_only)
+        nbytes = _restore_rank(metadata, app_state, path, open_plugin, group.rank, config, strict, weights_only)
     except Exception as exc:
         error = exc
     try:
         group.exchange(None, error, "restore: loading the state")
     finally:
         error = None  # this frame is in the error's traceback: no reference cycle through it
+    seconds = time.perf_counter() - started_s
+    where = f"rank {group.rank} of {group.world_size}"
+    logger.info("restored snapshot %s: %s, %s", path, transfer_summary(nbytes, seconds), where)
+    emit("restore_finished", path=path, rank=group.rank, nbytes=nbytes, seconds=seconds)
 
 
 def _restore_rank(
@@ -166,15 +182,17 @@ def _restore_rank(
     config: Config,
     strict: bool,
     weights_only: bool,
-) -> None:
+) -> int:
+    """Restore this rank's state; the bytes read from storage."""
     states_of = validate_app_state(app_state)
     try:
-        steps = _plan_and_fetch(metadata, states_of, path, open_plugin, rank, config, strict, weights_only)
+        steps, nbytes = _plan_and_fetch(metadata, states_of, path, open_plugin, rank, config, strict, weights_only)
     except Exception as exc:
         drop_frames(exc)  # the failed fetch's buffers and fresh tensors go now, not at the next collection
         raise
     for step in steps:
         step()
+    return nbytes
 
 
 def _plan_and_fetch(
@@ -186,7 +204,7 @@ def _plan_and_fetch(
     config: Config,
     strict: bool,
     weights_only: bool,
-) -> list[Callable[[], None]]:
+) -> tuple[list[Callable[[], None]], int]:
     loader = LeafLoader(weights_only=weights_only)
     with gc_paused():
         steps = plan_restore(
@@ -197,8 +215,8 @@ def _plan_and_fetch(
             snapshot_path=path,
             hint=lambda key: missing_key_hint(metadata, key, rank),
         )
-        _fetch(open_plugin, path, loader, config)
-    return steps
+        nbytes = _fetch(open_plugin, path, loader, config)
+    return steps, nbytes
 
 
 def read_object(

@@ -168,10 +168,10 @@ async def _run_streamed(
             running = await to_thread(finish)
 
 
-async def check_extents(plugin: StoragePlugin, claims: Iterable[Claim], *, io_concurrency: int) -> None:
+async def check_extents(plugin: StoragePlugin, claims: Iterable[Claim], *, io_concurrency: int) -> int:
     """Prove that every data object is as long as the claims on it say, reading one byte at the
     furthest claimed end of each: a manifest cannot make a restore allocate memory for bytes
-    that are not there.
+    that are not there. Returns the bytes read (one per data object probed).
 
     Raises:
         TruncatedDataError: a data object ends before a claimed piece does.
@@ -196,7 +196,9 @@ async def check_extents(plugin: StoragePlugin, claims: Iterable[Claim], *, io_co
         if len(data) != 1:
             raise _storage_failure(EOFError(f"byte {end - 1} is past the end"), location, paths[location])
 
-    await gather_or_cancel([probe(location, end) for location, end in furthest.items() if end > 0])
+    probes = [probe(location, end) for location, end in furthest.items() if end > 0]
+    await gather_or_cancel(probes)
+    return len(probes)
 
 
 async def read_pieces(
@@ -206,8 +208,12 @@ async def read_pieces(
     budget: MemoryBudget,
     io_concurrency: int,
     verify: bool,
-) -> None:
-    """Fetch every piece in ``reads`` into its destination, merging nearby ranges."""
+) -> int:
+    """Fetch every piece in ``reads`` into its destination, merging nearby ranges.
+
+    Returns the bytes read from storage: the merged ranges (with the small gaps between their
+    pieces) and the pieces fetched in sub-ranges.
+    """
     threshold = max(budget.total_bytes, MIN_SUBRANGE_BYTES)
     streamed = [r for r in reads if r.direct is None and r.splittable and r.piece.nbytes > threshold]
     streamed_ids = {id(r) for r in streamed}
@@ -238,3 +244,4 @@ async def read_pieces(
         if read.consume is not None:
             read.consume(0, memoryview(b""))
     await gather_or_cancel([*(admitted_batch(b) for b in batches), *(admitted_stream(r) for r in streamed)])
+    return sum(batch.nbytes for batch in batches) + sum(read.piece.nbytes for read in streamed)

@@ -11,19 +11,28 @@ the rendezvous: no collective runs off the main thread).
 
 IMPORTANT: whatever fails or is interrupted (staging, a write, another rank, the commit), every
 data object this rank wrote is deleted and no manifest is written (:mod:`~snapshotkit._take.commit`).
+
+Every take reports itself (:mod:`snapshotkit._events`, logger ``snapshotkit.take``), on each rank:
+``take_started`` before anything is read; ``take_staged`` once the data is staged (``async_take``:
+when it returns; ``take``: once the data objects are written, before the commit); then exactly
+one of ``take_committed`` (and an INFO line) and ``take_failed``, from :meth:`TakeJob._finish`,
+which runs on the coordinator thread for ``async_take``: so the step is captured at the start.
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
+import logging
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from snapshotkit._config import Config
 from snapshotkit._dist import CollectiveRendezvous, Group, Rendezvous, StoreRendezvous
+from snapshotkit._events import current_step, emit, transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.rank_plan import TakePlan
@@ -36,14 +45,38 @@ from snapshotkit._take.writers import InlineWriter, Target, WriteJob, Writer, ba
 from snapshotkit.errors import WaitTimeoutError
 from snapshotkit.storage import open_storage_plugin
 
+logger = logging.getLogger("snapshotkit.take")
+
 _pending: weakref.WeakSet[TakeJob] = weakref.WeakSet()
 
 
 class TakeJob:
-    """A take in progress: :meth:`wait` returns rank 0's committed metadata (None on other ranks)."""
+    """A take in progress: :meth:`wait` returns rank 0's committed metadata (None on other ranks).
 
-    def __init__(self, path: str) -> None:
+    Args:
+        path: rank 0's path, which every rank writes to.
+        rank: this rank, and ``world_size`` ranks in all (for events and the log line).
+        nbytes: the bytes this rank stages and writes.
+        step: the step the take's events carry (captured on the caller's thread).
+        started_s: when the take started (``time.perf_counter()``; default: now).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        nbytes: int = 0,
+        step: int | None = None,
+        started_s: float | None = None,
+    ) -> None:
         self.path = path
+        self.rank = rank
+        self.world_size = world_size
+        self.nbytes = nbytes
+        self.step = step
+        self.started_s = time.perf_counter() if started_s is None else started_s
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._metadata: SnapshotMetadata | None = None
@@ -68,9 +101,32 @@ class TakeJob:
             raise self._error
         return self._metadata
 
+    def _staged(self) -> None:
+        """Report that this rank's data is staged (``take_staged``)."""
+        seconds = time.perf_counter() - self.started_s
+        emit("take_staged", path=self.path, rank=self.rank, nbytes=self.nbytes, seconds=seconds, step=self.step)
+
     def _finish(self, error: BaseException | None, metadata: SnapshotMetadata | None = None) -> None:
-        self._error, self._metadata = error, metadata
-        self._done.set()
+        """Settle the take: report how it ended, then wake :meth:`wait` (so a caller that waited
+        has seen the take's last event)."""
+        try:
+            seconds = time.perf_counter() - self.started_s
+            if error is not None:
+                emit("take_failed", path=self.path, rank=self.rank, seconds=seconds, error=error, step=self.step)
+            else:
+                where = f"rank {self.rank} of {self.world_size}"
+                logger.info("took snapshot %s: %s, %s", self.path, transfer_summary(self.nbytes, seconds), where)
+                emit(
+                    "take_committed",
+                    path=self.path,
+                    rank=self.rank,
+                    nbytes=self.nbytes,
+                    seconds=seconds,
+                    step=self.step,
+                )
+        finally:
+            self._error, self._metadata = error, metadata
+            self._done.set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,43 +197,73 @@ def start_take(
 
     With the inline writer the writes and the commit also ran when this returns.
     """
+    started_s, step = time.perf_counter(), current_step()
+    emit("take_started", path=path, rank=group.rank, step=step)
     options = dict(storage_options)
-    prepared = prepare_take(
-        path,
-        app_state,
-        group=group,
-        config=config,
-        replicated=replicated,
-        open_plugin=lambda where: open_storage_plugin(where, options),
+    try:
+        prepared = prepare_take(
+            path,
+            app_state,
+            group=group,
+            config=config,
+            replicated=replicated,
+            open_plugin=lambda where: open_storage_plugin(where, options),
+        )
+    except BaseException as exc:
+        seconds = time.perf_counter() - started_s
+        emit("take_failed", path=path, rank=group.rank, seconds=seconds, error=exc, step=step)
+        raise
+    return run_prepared(
+        prepared, group=group, config=config, storage_options=options, writer=writer, started_s=started_s, step=step
     )
-    return run_prepared(prepared, group=group, config=config, storage_options=options, writer=writer)
 
 
 def run_prepared(
-    prepared: PreparedTake, *, group: Group, config: Config, storage_options: Mapping[str, Any], writer: Writer
+    prepared: PreparedTake,
+    *,
+    group: Group,
+    config: Config,
+    storage_options: Mapping[str, Any],
+    writer: Writer,
+    started_s: float | None = None,
+    step: int | None = None,
 ) -> TakeJob:
-    """Stage, write and commit a prepared take (the rest of :func:`start_take`)."""
+    """Stage, write and commit a prepared take (the rest of :func:`start_take`, which passes
+    when the take started and its step)."""
     options = dict(storage_options)
     target = Target(prepared.path, options)
-    commit = CommitPlan(
+    job = TakeJob(
         prepared.path,
-        options,
-        prepared.plan,
-        prepared.decision,
-        prepared.local.sharded_layouts(),
-        group.world_size,
+        rank=group.rank,
+        world_size=group.world_size,
+        nbytes=prepared.plan.nbytes,
+        step=step,
+        started_s=started_s,
     )
-    job = TakeJob(prepared.path)
-    rendezvous: Rendezvous = CollectiveRendezvous(group)
-    if group.distributed and not isinstance(writer, InlineWriter):
-        rendezvous = StoreRendezvous(group, f"snapshotkit/{prepared.take_id}/{prepared.path}")
-    with gc_paused():
-        submitted, staging_error = _stage_and_submit(prepared, writer, target, config)
+    try:
+        commit = CommitPlan(
+            prepared.path,
+            options,
+            prepared.plan,
+            prepared.decision,
+            prepared.local.sharded_layouts(),
+            group.world_size,
+        )
+        rendezvous: Rendezvous = CollectiveRendezvous(group)
+        if group.distributed and not isinstance(writer, InlineWriter):
+            rendezvous = StoreRendezvous(group, f"snapshotkit/{prepared.take_id}/{prepared.path}")
+        with gc_paused():
+            submitted, staging_error = _stage_and_submit(prepared, writer, target, config)
+    except BaseException as exc:  # before anything was handed to _finish: the job still reports how it ended
+        job._finish(exc)
+        raise
     del prepared  # the staged copies are all a background writer needs: let the caller's tensors go
     if isinstance(writer, InlineWriter):
         steps = ("take: writing the data objects", "take: committing the manifest")
         _finish(job, commit, writer, target, submitted, staging_error, rendezvous, group.rank, steps)
         return job
+    if staging_error is None:
+        job._staged()  # before the coordinator starts: its events come after this one
     thread = threading.Thread(
         target=_finish,
         args=(job, commit, writer, target, submitted, staging_error, rendezvous, group.rank, ("async_take",) * 2),
@@ -287,6 +373,8 @@ def _finish(
     """Wait for this rank's writes, then commit; on any failure delete what this rank wrote."""
     try:
         checksums, error = _wait_for_writes(submitted, error, commit.path, commit.plan)
+        if error is None and isinstance(writer, InlineWriter):
+            job._staged()  # zero-copy staging: the data is staged once it is written
         metadata = run_commit(commit, rendezvous, rank=rank, checksums=checksums, error=error, steps=steps)
     except BaseException as exc:
         discard(commit, [item.plan.location for item in submitted])
