@@ -89,6 +89,7 @@ def take(
     config: Config,
     replicated: Sequence[str],
     storage_options: Mapping[str, Any],
+    user_metadata: object = None,
 ) -> tuple[str, SnapshotMetadata | None]:
     """A synchronous take on every rank of ``group``: the path written (rank 0's) and, on rank 0,
     the committed metadata."""
@@ -100,6 +101,7 @@ def take(
         replicated=replicated,
         storage_options=storage_options,
         writer=InlineWriter(),
+        user_metadata=user_metadata,
     )
     return job.path, job.wait()
 
@@ -113,6 +115,7 @@ def async_take(
     replicated: Sequence[str],
     storage_options: Mapping[str, Any],
     executor: str,
+    user_metadata: object = None,
 ) -> TakeJob:
     """Stage and return; a background writer writes and a coordinator thread commits."""
     writer = background_writer(executor, config.background_niceness)
@@ -124,6 +127,7 @@ def async_take(
         replicated=replicated,
         storage_options=storage_options,
         writer=writer,
+        user_metadata=user_metadata,
     )
 
 
@@ -136,10 +140,12 @@ def start_take(
     replicated: Sequence[str],
     storage_options: Mapping[str, Any],
     writer: Writer,
+    user_metadata: object = None,
 ) -> TakeJob:
     """Run the pipeline (module docstring) with ``writer``; return once staging is done.
 
     With the inline writer the writes and the commit also ran when this returns.
+    ``user_metadata`` is the caller's ``metadata=``, checked before anything is written.
     """
     options = dict(storage_options)
     prepared = prepare_take(
@@ -149,6 +155,7 @@ def start_take(
         config=config,
         replicated=replicated,
         open_plugin=lambda where: open_storage_plugin(where, options),
+        user_metadata=user_metadata,
     )
     return run_prepared(prepared, group=group, config=config, storage_options=options, writer=writer)
 
@@ -166,6 +173,7 @@ def run_prepared(
         prepared.decision,
         prepared.local.sharded_layouts(),
         group.world_size,
+        prepared.user_metadata,
     )
     job = TakeJob(prepared.path)
     rendezvous: Rendezvous = CollectiveRendezvous(group)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from snapshotkit._app_state import validate_app_state
 from snapshotkit._config import Config
 from snapshotkit._dist import Group
 from snapshotkit._format.entries import METADATA_FILENAME
+from snapshotkit._format.user_metadata import check_user_metadata
 from snapshotkit._plan.decide import Decision, decide
 from snapshotkit._plan.leaves import LocalState, RankInfo, rank_info
 from snapshotkit._plan.rank_plan import TakePlan, plan_rank
@@ -37,6 +39,7 @@ class PreparedTake:
         local: this rank's described state (its payloads reference the caller's tensors).
         decision: the shared decision.
         plan: this rank's plan.
+        user_metadata: this rank's checked ``metadata=`` (rank 0's is the one committed).
     """
 
     path: str
@@ -44,6 +47,7 @@ class PreparedTake:
     local: LocalState
     decision: Decision
     plan: TakePlan
+    user_metadata: Mapping[str, Any]
 
 
 def prepare_take(
@@ -54,16 +58,20 @@ def prepare_take(
     config: Config,
     replicated: Sequence[str],
     open_plugin: Callable[[str], StoragePlugin],
+    user_metadata: object = None,
 ) -> PreparedTake:
     """Collect, describe, exchange and plan (see the module docstring).
 
-    A failure on any rank (an invalid app_state, a ``state_dict()`` that raises, an existing
-    snapshot at the path) makes every rank raise here, before anything is written.
+    ``user_metadata`` is the take's argument as the caller gave it: it is checked here, first.
+    A failure on any rank (an invalid argument or app_state, a ``state_dict()`` that raises, an
+    existing snapshot at the path) makes every rank raise here, before anything is written.
     """
     local: LocalState | None = None
     info: RankInfo | None = None
     error: BaseException | None = None
+    stored_metadata: dict[str, Any] = {}
     try:
+        stored_metadata = check_user_metadata(user_metadata)
         states_of = validate_app_state(app_state)
         if group.rank == 0:
             run_sync(_refuse_existing(_open(open_plugin, path), path))
@@ -89,7 +97,7 @@ def prepare_take(
         )
     if group.rank == 0:
         _warn_about_differences(infos, decision)
-    return PreparedTake(infos[0].path, take_id, local, decision, plan)
+    return PreparedTake(infos[0].path, take_id, local, decision, plan, stored_metadata)
 
 
 def _open(open_plugin: Callable[[str], StoragePlugin], path: str) -> StoragePlugin:
