@@ -90,6 +90,8 @@ def take(
     replicated: Sequence[str],
     storage_options: Mapping[str, Any],
     user_metadata: object = None,
+    include: object = None,
+    exclude: object = None,
 ) -> tuple[str, SnapshotMetadata | None]:
     """A synchronous take on every rank of ``group``: the path written (rank 0's) and, on rank 0,
     the committed metadata."""
@@ -102,6 +104,8 @@ def take(
         storage_options=storage_options,
         writer=InlineWriter(),
         user_metadata=user_metadata,
+        include=include,
+        exclude=exclude,
     )
     return job.path, job.wait()
 
@@ -116,6 +120,8 @@ def async_take(
     storage_options: Mapping[str, Any],
     executor: str,
     user_metadata: object = None,
+    include: object = None,
+    exclude: object = None,
 ) -> TakeJob:
     """Stage and return; a background writer writes and a coordinator thread commits."""
     writer = background_writer(executor, config.background_niceness)
@@ -128,6 +134,8 @@ def async_take(
         storage_options=storage_options,
         writer=writer,
         user_metadata=user_metadata,
+        include=include,
+        exclude=exclude,
     )
 
 
@@ -141,11 +149,14 @@ def start_take(
     storage_options: Mapping[str, Any],
     writer: Writer,
     user_metadata: object = None,
+    include: object = None,
+    exclude: object = None,
 ) -> TakeJob:
     """Run the pipeline (module docstring) with ``writer``; return once staging is done.
 
     With the inline writer the writes and the commit also ran when this returns.
-    ``user_metadata`` is the caller's ``metadata=``, checked before anything is written.
+    ``user_metadata``, ``include`` and ``exclude`` are the caller's arguments, checked before
+    anything is written.
     """
     options = dict(storage_options)
     prepared = prepare_take(
@@ -156,6 +167,8 @@ def start_take(
         replicated=replicated,
         open_plugin=lambda where: open_storage_plugin(where, options),
         user_metadata=user_metadata,
+        include=include,
+        exclude=exclude,
     )
     return run_prepared(prepared, group=group, config=config, storage_options=options, writer=writer)
 

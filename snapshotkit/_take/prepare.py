@@ -21,6 +21,7 @@ from snapshotkit._format.user_metadata import check_user_metadata
 from snapshotkit._plan.decide import Decision, decide
 from snapshotkit._plan.leaves import LocalState, RankInfo, rank_info
 from snapshotkit._plan.rank_plan import TakePlan, plan_rank
+from snapshotkit._plan.select import Selection
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.loop import run_sync
 from snapshotkit._take.collect import collect_state, ddp_replicated_patterns, describe_state
@@ -59,12 +60,16 @@ def prepare_take(
     replicated: Sequence[str],
     open_plugin: Callable[[str], StoragePlugin],
     user_metadata: object = None,
+    include: object = None,
+    exclude: object = None,
 ) -> PreparedTake:
     """Collect, describe, exchange and plan (see the module docstring).
 
-    ``user_metadata`` is the take's argument as the caller gave it: it is checked here, first.
-    A failure on any rank (an invalid argument or app_state, a ``state_dict()`` that raises, an
-    existing snapshot at the path) makes every rank raise here, before anything is written.
+    ``user_metadata``, ``include`` and ``exclude`` are the take's arguments as the caller gave
+    them: they are checked here, first; each rank keeps what its own patterns select. A failure
+    on any rank (an invalid argument or app_state, a ``state_dict()`` that raises, patterns that
+    select nothing, an existing snapshot at the path) makes every rank raise here, before
+    anything is written.
     """
     local: LocalState | None = None
     info: RankInfo | None = None
@@ -72,13 +77,14 @@ def prepare_take(
     stored_metadata: dict[str, Any] = {}
     try:
         stored_metadata = check_user_metadata(user_metadata)
+        selection = Selection.of(include, exclude)
         states_of = validate_app_state(app_state)
         if group.rank == 0:
             run_sync(_refuse_existing(_open(open_plugin, path), path))
         states = collect_state(states_of)
         patterns = list(dict.fromkeys([*replicated, *ddp_replicated_patterns(states_of)]))
         with gc_paused():
-            local = describe_state(states)
+            local = describe_state(states, selection)
             info = rank_info(local, path, patterns, secrets.token_hex(4))
     except Exception as exc:
         error = exc
