@@ -54,6 +54,9 @@ class Snapshot:
         replicated: Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
         memory_budget_bytes: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = None,
     ) -> Snapshot:
         """Snapshot the state of every object in ``app_state`` to ``path``.
 
@@ -73,14 +76,34 @@ class Snapshot:
             storage_options: passed to the storage plugin.
             memory_budget_bytes: host bytes the pipeline may hold at once (default:
                 ``SNAPSHOTKIT_MEMORY_BUDGET_BYTES``, else 60% of available RAM, at most 32 GiB).
+            metadata: your own JSON object, stored in the manifest and returned by
+                ``Snapshot(path).metadata.user_metadata`` (e.g. ``{"step": 1000, "loss": 0.25}``):
+                ``str`` keys; values dicts, lists, ``str``, ``int``, finite ``float``, ``bool``
+                or ``None``; at most 1 MiB as JSON, nested at most 100 levels. It is read back as
+                a JSON round trip gives it (mappings as ``dict``). With several ranks, rank 0's
+                is stored (every rank's is checked).
+            include: glob patterns over logical paths, matched like ``replicated`` (``*`` also
+                matches ``/``): store only the leaves that match one (default: every leaf). An
+                empty container counts as a leaf.
+            exclude: glob patterns of leaves not to store, even if ``include`` matches them.
+                Containers are kept as far as they hold stored leaves: a dict keeps only those
+                keys; a list or tuple is stored whole or not at all (it is dropped if any leaf
+                below it is not stored, since restore could not rebuild it with a hole); an
+                ``app_state`` key with nothing left is not in the snapshot at all. Each rank
+                applies its own patterns to its own state. Restore such a snapshot with
+                ``strict=False`` to keep the current values of what it lacks.
 
         Returns:
             The committed snapshot.
 
         Raises:
             SnapshotExistsError: ``path`` already holds a snapshot (it is never overwritten).
-            InvalidArgumentError: ``path`` is not a ``str`` or ``os.PathLike``.
-            ConfigError: ``path`` is empty (or an argument is out of range).
+            InvalidArgumentError: ``path`` is not a ``str`` or ``os.PathLike``; ``metadata`` is not
+                a mapping; ``include`` or ``exclude`` is not a list of ``str`` patterns.
+            ConfigError: ``path`` is empty (or an argument is out of range); ``metadata`` holds a
+                key that is not a ``str``, a value that is not JSON (NaN and infinity included), or
+                is too large or deep (the message names the key path); ``include``/``exclude``
+                select nothing of a non-empty state.
             InvalidAppStateError: an ``app_state`` value is not Stateful.
             UnsupportedValueError: a leaf cannot be stored (unpicklable, meta tensor), or
                 containers nest deeper than 1,000 levels.
@@ -92,11 +115,19 @@ class Snapshot:
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
         group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)
         options = dict(storage_options or {})
-        target, metadata = take_engine.take(
-            where, app_state, group=group, config=config, replicated=list(replicated or ()), storage_options=options
+        target, committed = take_engine.take(
+            where,
+            app_state,
+            group=group,
+            config=config,
+            replicated=list(replicated or ()),
+            storage_options=options,
+            user_metadata=metadata,
+            include=include,
+            exclude=exclude,
         )
         snapshot = cls(target, pg=pg, storage_options=options)
-        snapshot._metadata = metadata  # None on ranks other than 0: read on first use
+        snapshot._metadata = committed  # None on ranks other than 0: read on first use
         return snapshot
 
     @classmethod
@@ -110,6 +141,9 @@ class Snapshot:
         storage_options: dict[str, Any] | None = None,
         memory_budget_bytes: int | None = None,
         executor: str = "thread",
+        metadata: Mapping[str, Any] | None = None,
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = None,
     ) -> PendingSnapshot:
         """Stage ``app_state`` and return; write and commit in the background.
 
@@ -144,6 +178,9 @@ class Snapshot:
             replicated=list(replicated or ()),
             storage_options=options,
             executor=executor,
+            user_metadata=metadata,
+            include=include,
+            exclude=exclude,
         )
         return PendingSnapshot(job, cls(job.path, pg=pg, storage_options=options))
 

@@ -264,3 +264,19 @@ def test_take_returns_snapshot_with_metadata(tmp_path: Path) -> None:
     assert snapshot.metadata.world_size == 1
     assert snapshot.metadata.torch_version == torch.__version__
     assert snapshot.metadata.version == snapshot.metadata.snapshotkit_version
+
+
+@pytest.mark.parametrize("how", ["take", "async_take-thread", "async_take-process"])
+def test_user_metadata_is_stored_and_read_back(tmp_path: Path, how: str) -> None:
+    path = str(tmp_path / "s")
+    user_metadata = {"step": 1000, "loss": 0.25, "tags": ["lora", "\u00e9"], "eval": {"acc": None, "best": True}}
+    app = {"sd": StateDict(a=1)}
+    if how == "take":
+        snapshot = Snapshot.take(path, app, metadata=user_metadata)
+    else:
+        snapshot = Snapshot.async_take(path, app, metadata=user_metadata, executor=how.split("-")[1]).wait()
+    assert snapshot.metadata.user_metadata == user_metadata
+    reopened = Snapshot(path).metadata.user_metadata
+    assert reopened == user_metadata
+    assert list(reopened) == list(user_metadata)
+    assert Snapshot.take(str(tmp_path / "plain"), app).metadata.user_metadata == {}

@@ -52,6 +52,28 @@ def test_an_empty_path_is_a_value_error_and_writes_nothing(in_tmp: Path, path: s
     assert files_of(in_tmp) == {}
 
 
+@pytest.mark.parametrize(
+    ("metadata", "error"),
+    [
+        ([("step", 1)], InvalidArgumentError),
+        ({"loss": float("nan")}, ConfigError),
+        ({2: "two"}, ConfigError),
+        ({"w": torch.ones(1)}, ConfigError),
+        ({"big": "x" * (2 << 20)}, ConfigError),
+    ],
+    ids=["not-a-mapping", "nan", "int-key", "tensor", "too-large"],
+)
+def test_bad_metadata_is_refused_before_anything_is_written(in_tmp: Path, metadata: Any, error: type) -> None:
+    for call in (
+        lambda: Snapshot.take("snap", {"s": StateDict(x=torch.ones(3))}, metadata=metadata),
+        lambda: Snapshot.async_take("snap", {"s": StateDict(x=torch.ones(3))}, metadata=metadata),
+    ):
+        with pytest.raises(error, match="metadata"):
+            call()
+    assert not (in_tmp / "work" / "snap").exists()
+    assert files_of(in_tmp) == {}
+
+
 @pytest.mark.parametrize("prefix", ["", "file://"])
 def test_tilde_is_the_home_directory(in_tmp: Path, prefix: str) -> None:
     # Before: "~/snap" was a directory named "~" in the working directory.

@@ -26,18 +26,25 @@ from snapshotkit._format.entries import (
 )
 from snapshotkit.errors import ManifestError, UnsupportedFormatVersionError
 
+#: The optional header member that holds the take's ``metadata=`` (docs/format.md section 2.2).
+USER_METADATA_MEMBER = "user_metadata"
+#: The first format version that defines it.
+USER_METADATA_SINCE = 3
+
 
 @dataclasses.dataclass(frozen=True)
 class SnapshotMetadata:
     """The decoded ``.snapshot_metadata`` document.
 
     Attributes:
-        format_version: on-disk format version (1, or 2 when the manifest holds sharded tensors).
+        format_version: on-disk format version (1 to 3; a take writes 3).
         snapshotkit_version: version of the snapshotkit that wrote the snapshot.
         torch_version: ``torch.__version__`` of the writer.
         created_at: UTC time the take committed, ISO 8601.
         world_size: number of ranks that took the snapshot.
         manifest: ``"<rank>/<logical path>"`` -> entry, in flatten order.
+        user_metadata: the ``metadata=`` rank 0 passed to the take, as stored (a JSON object);
+            ``{}`` when none was given and for snapshots older than format version 3.
     """
 
     format_version: int
@@ -46,6 +53,7 @@ class SnapshotMetadata:
     created_at: str
     world_size: int
     manifest: dict[str, Entry]
+    user_metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def version(self) -> str:
@@ -61,8 +69,13 @@ class SnapshotMetadata:
         return self.to_bytes().decode("utf-8")
 
     def to_bytes(self) -> bytes:
-        """The manifest document as the UTF-8 bytes a take writes to ``.snapshot_metadata``."""
-        head = {
+        """The manifest document as the UTF-8 bytes a take writes to ``.snapshot_metadata``.
+
+        Raises:
+            ValueError: ``user_metadata`` is not empty and ``format_version`` is below 3, which
+                has no such member.
+        """
+        head: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": self.format_version,
             "snapshotkit_version": self.snapshotkit_version,
@@ -70,9 +83,16 @@ class SnapshotMetadata:
             "created_at": self.created_at,
             "world_size": self.world_size,
         }
+        if self.user_metadata:
+            if self.format_version < USER_METADATA_SINCE:
+                raise ValueError(
+                    f"user_metadata needs format version {USER_METADATA_SINCE}; this document is version "
+                    f"{self.format_version}"
+                )
+            head[USER_METADATA_MEMBER] = self.user_metadata
         encode = _COMPACT_JSON.encode
         lines = ["{"]
-        lines.extend(f"{json.dumps(k)}: {json.dumps(v)}," for k, v in head.items())
+        lines.extend(f"{json.dumps(k)}: {json.dumps(v, allow_nan=False)}," for k, v in head.items())
         if self.manifest:
             lines.append('"manifest": {')
             body = [
@@ -124,6 +144,14 @@ class SnapshotMetadata:
             head[name] = _field("<header>", document, name, expected)
         if head["world_size"] < 1:
             raise ManifestError(f"world_size {head['world_size']!r} must be at least 1")
+        if version >= USER_METADATA_SINCE:  # before version 3 an unknown member, ignored
+            user_metadata = document.get(USER_METADATA_MEMBER, {})
+            if not isinstance(user_metadata, dict):
+                raise ManifestError(
+                    f"the header member {USER_METADATA_MEMBER!r} must be a JSON object, got "
+                    f"{type(user_metadata).__name__} {str(user_metadata)[:80]}"
+                )
+            head["user_metadata"] = user_metadata
         raw_manifest = _field("<header>", document, "manifest", dict)
         manifest: dict[str, Entry] = {}
         for key, raw in raw_manifest.items():

@@ -8,6 +8,7 @@ cannot be stored, naming its logical path, before anything is written.
 from __future__ import annotations
 
 import glob
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,8 @@ from snapshotkit._format.serialization import RAW, dtype_name, serialize_object,
 from snapshotkit._format.sharded import is_sharded, local_shards
 from snapshotkit._plan.flatten import check_int, fits_inline, flatten
 from snapshotkit._plan.leaves import Leaf, LocalState, ObjectLeaf, Payload, ShardBox, ShardedLeaf, TensorLeaf
-from snapshotkit.errors import UnsupportedValueError
+from snapshotkit._plan.select import Selection
+from snapshotkit.errors import ConfigError, UnsupportedValueError
 from snapshotkit.stateful import RNGState, Stateful
 
 _PRIMITIVE_TYPES = (int, float, str, bool, bytes)
@@ -61,14 +63,29 @@ def ddp_replicated_patterns(app_state: Mapping[str, Stateful]) -> list[str]:
     return patterns
 
 
-def describe_state(states: Mapping[str, Any]) -> LocalState:
-    """Flatten collected state into containers, leaves and payloads (objects serialized here)."""
+def describe_state(states: Mapping[str, Any], selection: Selection | None = None) -> LocalState:
+    """Flatten collected state into containers, leaves and payloads (objects serialized here).
+
+    With a ``selection`` only what it keeps is described (an app_state key with nothing kept
+    is left out).
+
+    Raises:
+        ConfigError: the selection keeps nothing of a non-empty state.
+    """
     containers: dict[str, ContainerEntry] = {}
     leaves: dict[str, Leaf] = {}
     payloads: list[Payload] = []
     by_identity: dict[tuple[Any, ...], tuple[int, str]] = {}
+    examples: list[str] = []  # leaf paths for the error when nothing is selected
     for key in sorted(states):
-        flat = flatten(states[key], escape_key(key))
+        root = escape_key(key)
+        flat = flatten(states[key], root)
+        if selection is not None:
+            examples.extend(itertools.islice(flat.leaves, max(0, 8 - len(examples))))
+            selected = selection.apply(flat, root)
+            if selected is None:
+                continue
+            flat = selected
         containers.update(flat.containers)
         for path, leaf in flat.leaves.items():
             if isinstance(leaf, torch.Tensor) and is_sharded(leaf):
@@ -82,6 +99,13 @@ def describe_state(states: Mapping[str, Any]) -> LocalState:
             else:
                 payloads.append(Payload.of_bytes(_serialize(path, leaf)))
                 leaves[path] = ObjectLeaf(len(payloads) - 1, f"{type(leaf).__module__}.{type(leaf).__qualname__}")
+    if selection is not None and states and not (containers or leaves):
+        raise ConfigError(
+            f"include={list(selection.include) if selection.include is not None else None} and "
+            f"exclude={list(selection.exclude)} select nothing of this state, whose logical paths include "
+            f"{examples}; nothing was written. Patterns are globs over logical paths ('*' also matches '/', so "
+            "'model/**' is everything under 'model'): fix the patterns, or leave them out to store everything"
+        )
     return LocalState(containers, leaves, payloads)
 
 

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import datetime
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -38,7 +39,10 @@ from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
 @dataclasses.dataclass(frozen=True)
 class CommitPlan:
-    """What the commit needs once the data is staged (no tensors: the caller's state may go)."""
+    """What the commit needs once the data is staged (no tensors: the caller's state may go).
+
+    Stays in this process (never pickled for a writer); ``user_metadata`` is written by rank 0 only.
+    """
 
     path: str
     storage_options: Mapping[str, object]
@@ -46,6 +50,7 @@ class CommitPlan:
     decision: Decision
     layouts: Mapping[str, str]
     world_size: int
+    user_metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def storage_error(
@@ -92,8 +97,11 @@ def logical_paths_in(plan: TakePlan, data_object: DataObjectPlan) -> list[str]:
     return sorted(paths)
 
 
-def build_metadata(manifest: dict[str, Entry], world_size: int) -> SnapshotMetadata:
-    """The manifest document for ``manifest``, stamped with versions and the commit time."""
+def build_metadata(
+    manifest: dict[str, Entry], world_size: int, user_metadata: Mapping[str, Any] | None = None
+) -> SnapshotMetadata:
+    """The manifest document for ``manifest``, stamped with versions and the commit time, holding
+    ``user_metadata`` (already checked by :func:`~snapshotkit._format.user_metadata.check_user_metadata`)."""
     return SnapshotMetadata(
         format_version=format_version_for(manifest),
         snapshotkit_version=__version__,
@@ -101,6 +109,7 @@ def build_metadata(manifest: dict[str, Entry], world_size: int) -> SnapshotMetad
         created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         world_size=world_size,
         manifest=manifest,
+        user_metadata=dict(user_metadata or {}),
     )
 
 
@@ -162,7 +171,8 @@ def run_commit(
     if rank == 0:
         assert results is not None
         try:
-            metadata = build_metadata(merge_results(results, commit.decision, commit.layouts), commit.world_size)
+            manifest = merge_results(results, commit.decision, commit.layouts)
+            metadata = build_metadata(manifest, commit.world_size, commit.user_metadata)
             document = metadata.to_bytes()
             run_sync(_write_manifest(_plugin(commit), document, commit.path))
         except Exception as exc:

@@ -145,6 +145,9 @@ def take(
     config: Config,
     replicated: Sequence[str],
     storage_options: Mapping[str, Any],
+    user_metadata: object = None,
+    include: object = None,
+    exclude: object = None,
 ) -> tuple[str, SnapshotMetadata | None]:
     """A synchronous take on every rank of ``group``: the path written (rank 0's) and, on rank 0,
     the committed metadata."""
@@ -156,6 +159,9 @@ def take(
         replicated=replicated,
         storage_options=storage_options,
         writer=InlineWriter(),
+        user_metadata=user_metadata,
+        include=include,
+        exclude=exclude,
     )
     return job.path, job.wait()
 
@@ -169,6 +175,9 @@ def async_take(
     replicated: Sequence[str],
     storage_options: Mapping[str, Any],
     executor: str,
+    user_metadata: object = None,
+    include: object = None,
+    exclude: object = None,
 ) -> TakeJob:
     """Stage and return; a background writer writes and a coordinator thread commits."""
     writer = background_writer(executor, config.background_niceness)
@@ -180,6 +189,9 @@ def async_take(
         replicated=replicated,
         storage_options=storage_options,
         writer=writer,
+        user_metadata=user_metadata,
+        include=include,
+        exclude=exclude,
     )
 
 
@@ -192,10 +204,15 @@ def start_take(
     replicated: Sequence[str],
     storage_options: Mapping[str, Any],
     writer: Writer,
+    user_metadata: object = None,
+    include: object = None,
+    exclude: object = None,
 ) -> TakeJob:
     """Run the pipeline (module docstring) with ``writer``; return once staging is done.
 
     With the inline writer the writes and the commit also ran when this returns.
+    ``user_metadata``, ``include`` and ``exclude`` are the caller's arguments, checked before
+    anything is written.
     """
     started_s, step = time.perf_counter(), current_step()
     emit("take_started", path=path, rank=group.rank, step=step)
@@ -208,6 +225,9 @@ def start_take(
             config=config,
             replicated=replicated,
             open_plugin=lambda where: open_storage_plugin(where, options),
+            user_metadata=user_metadata,
+            include=include,
+            exclude=exclude,
         )
     except BaseException as exc:
         seconds = time.perf_counter() - started_s
@@ -248,6 +268,7 @@ def run_prepared(
             prepared.decision,
             prepared.local.sharded_layouts(),
             group.world_size,
+            prepared.user_metadata,
         )
         rendezvous: Rendezvous = CollectiveRendezvous(group)
         if group.distributed and not isinstance(writer, InlineWriter):

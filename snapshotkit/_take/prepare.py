@@ -10,15 +10,18 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from snapshotkit._app_state import validate_app_state
 from snapshotkit._config import Config
 from snapshotkit._dist import Group
 from snapshotkit._format.entries import METADATA_FILENAME
+from snapshotkit._format.user_metadata import check_user_metadata
 from snapshotkit._plan.decide import Decision, decide
 from snapshotkit._plan.leaves import LocalState, RankInfo, rank_info
 from snapshotkit._plan.rank_plan import TakePlan, plan_rank
+from snapshotkit._plan.select import Selection
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.loop import run_sync
 from snapshotkit._take.collect import collect_state, ddp_replicated_patterns, describe_state
@@ -37,6 +40,7 @@ class PreparedTake:
         local: this rank's described state (its payloads reference the caller's tensors).
         decision: the shared decision.
         plan: this rank's plan.
+        user_metadata: this rank's checked ``metadata=`` (rank 0's is the one committed).
     """
 
     path: str
@@ -44,6 +48,7 @@ class PreparedTake:
     local: LocalState
     decision: Decision
     plan: TakePlan
+    user_metadata: Mapping[str, Any]
 
 
 def prepare_take(
@@ -54,23 +59,32 @@ def prepare_take(
     config: Config,
     replicated: Sequence[str],
     open_plugin: Callable[[str], StoragePlugin],
+    user_metadata: object = None,
+    include: object = None,
+    exclude: object = None,
 ) -> PreparedTake:
     """Collect, describe, exchange and plan (see the module docstring).
 
-    A failure on any rank (an invalid app_state, a ``state_dict()`` that raises, an existing
-    snapshot at the path) makes every rank raise here, before anything is written.
+    ``user_metadata``, ``include`` and ``exclude`` are the take's arguments as the caller gave
+    them: they are checked here, first; each rank keeps what its own patterns select. A failure
+    on any rank (an invalid argument or app_state, a ``state_dict()`` that raises, patterns that
+    select nothing, an existing snapshot at the path) makes every rank raise here, before
+    anything is written.
     """
     local: LocalState | None = None
     info: RankInfo | None = None
     error: BaseException | None = None
+    stored_metadata: dict[str, Any] = {}
     try:
+        stored_metadata = check_user_metadata(user_metadata)
+        selection = Selection.of(include, exclude)
         states_of = validate_app_state(app_state)
         if group.rank == 0:
             run_sync(_refuse_existing(_open(open_plugin, path), path))
         states = collect_state(states_of)
         patterns = list(dict.fromkeys([*replicated, *ddp_replicated_patterns(states_of)]))
         with gc_paused():
-            local = describe_state(states)
+            local = describe_state(states, selection)
             info = rank_info(local, path, patterns, secrets.token_hex(4))
     except Exception as exc:
         error = exc
@@ -89,7 +103,7 @@ def prepare_take(
         )
     if group.rank == 0:
         _warn_about_differences(infos, decision)
-    return PreparedTake(infos[0].path, take_id, local, decision, plan)
+    return PreparedTake(infos[0].path, take_id, local, decision, plan, stored_metadata)
 
 
 def _open(open_plugin: Callable[[str], StoragePlugin], path: str) -> StoragePlugin:

@@ -63,6 +63,30 @@ def test_metadata_round_trips_through_text() -> None:
     assert len(sealed.to_json_text().splitlines()) == len(text.splitlines())
 
 
+def test_user_metadata_round_trips_and_is_left_out_when_empty() -> None:
+    user_metadata = {"step": 7, "loss": 0.25, "tags": ["a", "\u00e9"], "nested": {"x": None, "ok": True}}
+    metadata = SnapshotMetadata(3, "0.1", "2.13", "2026-11-22T00:00:00+00:00", 1, dict(ENTRIES), user_metadata)
+    decoded = SnapshotMetadata.from_text(metadata.to_bytes())
+    assert decoded == metadata
+    assert list(decoded.user_metadata) == list(user_metadata)
+    assert '"user_metadata": {"step": 7,' in metadata.to_json_text()
+    empty = SnapshotMetadata(3, "0.1", "2.13", "2026-11-22T00:00:00+00:00", 1, dict(ENTRIES))
+    assert empty.user_metadata == {}
+    assert "user_metadata" not in empty.to_json_text()
+
+
+def test_user_metadata_needs_format_version_3() -> None:
+    with pytest.raises(ValueError, match="format version 3"):
+        SnapshotMetadata(2, "0.1", "2.13", "2026-11-22T00:00:00+00:00", 1, {}, {"step": 1}).to_bytes()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_user_metadata_before_version_3_is_an_unknown_member_and_ignored(version: int) -> None:
+    document = json.loads(SnapshotMetadata(version, "0.1", "2.13", "2026-11-22T00:00:00+00:00", 1, {}).to_json_text())
+    document["user_metadata"] = ["not", "an", "object"]
+    assert SnapshotMetadata.from_text(json.dumps(document)).user_metadata == {}
+
+
 @pytest.mark.parametrize("location", ["../x", "/abs", "a//b", "a/./b", "a/../b", "C:/x", "s3://b/x", "a\\b", "", "a/"])
 def test_unsafe_locations(location: str) -> None:
     with pytest.raises(UnsafeLocationError):
@@ -173,6 +197,9 @@ MALFORMED = {
     "format-version-bool": _set_header("format_version", True),
     "byte-range-bools": _set_entry("tensor", "pieces", 0, "byte_range", value=[False, True]),
     "checksum-not-hex": _set_entry("tensor", "pieces", 0, "checksum", value="crc32c:zzzzzzzz"),
+    "user-metadata-list": _set_header("user_metadata", [1, 2]),
+    "user-metadata-string": _set_header("user_metadata", "step=3"),
+    "user-metadata-null": _set_header("user_metadata", None),
 }
 
 
