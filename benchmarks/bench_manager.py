@@ -53,8 +53,16 @@ def loop_case(steps: int, every: int, keep_last: int, state_bytes: int) -> R.Rec
         kept = mgr.steps()
     seconds = time.perf_counter() - started
     expected = list(range(steps - (keep_last - 1) * every, steps + 1, every))
-    return {"steps": steps, "every": every, "keep_last": keep_last, "kept": kept, "expected": expected,
-            "exact": kept == expected, "seconds": seconds, "saves": steps // every}
+    return {
+        "steps": steps,
+        "every": every,
+        "keep_last": keep_last,
+        "kept": kept,
+        "expected": expected,
+        "exact": kept == expected,
+        "seconds": seconds,
+        "saves": steps // every,
+    }
 
 
 def save_cost_case(root: Path, saves: int, state_bytes: int) -> R.Record:
@@ -75,8 +83,15 @@ def save_cost_case(root: Path, saves: int, state_bytes: int) -> R.Record:
             mgr.wait()
             settled.append(time.perf_counter() - t0)
     b, m, s = statistics.median(bare), statistics.median(managed), statistics.median(settled)
-    return {"saves": saves, "state_bytes": state_bytes, "bare_take_s": b, "save_s": m, "save_and_retention_s": s,
-            "save_over_bare": m / b, "settled_over_bare": s / b}
+    return {
+        "saves": saves,
+        "state_bytes": state_bytes,
+        "bare_take_s": b,
+        "save_s": m,
+        "save_and_retention_s": s,
+        "save_over_bare": m / b,
+        "settled_over_bare": s / b,
+    }
 
 
 def restore_latest_case(root: str, count: int, state_bytes: int, options: dict[str, Any]) -> R.Record:
@@ -97,40 +112,71 @@ def restore_latest_case(root: str, count: int, state_bytes: int, options: dict[s
         mgr.close()
         Snapshot(f"{root}/step_{count}", storage_options=options).restore(target)
         t3 = time.perf_counter()
-        assert restored == count and target["progress"]["step"] == count
+        assert restored == count
+        assert target["progress"]["step"] == count
         assert bool((target["model"]["w"] == float(count)).all())
         timings["open_manager_s"].append(t1 - t0)
         timings["restore_latest_s"].append(t2 - t1)
         timings["bare_restore_s"].append(t3 - t2)
     med = {k: statistics.median(v) for k, v in timings.items()}
-    return {"snapshots": count, "state_bytes": state_bytes, **med,
-            "restore_latest_over_bare": med["restore_latest_s"] / med["bare_restore_s"],
-            "open_and_restore_over_bare": (med["open_manager_s"] + med["restore_latest_s"]) / med["bare_restore_s"]}
+    return {
+        "snapshots": count,
+        "state_bytes": state_bytes,
+        **med,
+        "restore_latest_over_bare": med["restore_latest_s"] / med["bare_restore_s"],
+        "open_and_restore_over_bare": (med["open_manager_s"] + med["restore_latest_s"]) / med["bare_restore_s"],
+    }
 
 
 def render(result: R.Record) -> str:
     lines = [R.machine_line(result["machine"]), ""]
     if "loop" in result:
         r = result["loop"]
-        lines.append(f"{r['steps']}-step loop on memory://, save every {r['every']}, keep_last={r['keep_last']}: "
-                     f"{r['saves']} saves in {r['seconds']:.2f} s; kept {r['kept']} "
-                     f"({'exactly' if r['exact'] else 'NOT'} the expected {r['expected']})")
+        lines.append(
+            f"{r['steps']}-step loop on memory://, save every {r['every']}, keep_last={r['keep_last']}: "
+            f"{r['saves']} saves in {r['seconds']:.2f} s; kept {r['kept']} "
+            f"({'exactly' if r['exact'] else 'NOT'} the expected {r['expected']})"
+        )
     if "save_cost" in result:
         r = result["save_cost"]
-        lines += ["", f"save + retention vs a bare take (local disk, {R.fmt_bytes(r['state_bytes'])} state, "
-                  f"median of {r['saves']}):"]
-        lines += R.table("bare take s>12|save() s>10|save+retention s>16|save/bare>11|settled/bare>14", [(
-            f"{r['bare_take_s']:.4f}", f"{r['save_s']:.4f}", f"{r['save_and_retention_s']:.4f}",
-            R.fmt_x(r["save_over_bare"]), R.fmt_x(r["settled_over_bare"]))])
+        lines += [
+            "",
+            f"save + retention vs a bare take (local disk, {R.fmt_bytes(r['state_bytes'])} state, "
+            f"median of {r['saves']}):",
+        ]
+        lines += R.table(
+            "bare take s>12|save() s>11|save+retention s>18|save/bare>11|settled/bare>14",
+            [
+                (
+                    f"{r['bare_take_s']:.4f}",
+                    f"{r['save_s']:.4f}",
+                    f"{r['save_and_retention_s']:.4f}",
+                    R.fmt_x(r["save_over_bare"]),
+                    R.fmt_x(r["settled_over_bare"]),
+                )
+            ],
+        )
     for store, r in result.get("restore_latest", {}).items():
         if "error" in r:
             lines += ["", f"restore_latest on {store}: {r['error']}"]
             continue
-        lines += ["", f"restore_latest over {r['snapshots']} snapshots on {store} "
-                  f"({R.fmt_bytes(r['state_bytes'])} each, median of 3):"]
-        lines += R.table("open manager s>15|restore_latest s>17|bare restore s>14|latest/bare>13|open+latest/bare>18", [(
-            f"{r['open_manager_s']:.4f}", f"{r['restore_latest_s']:.4f}", f"{r['bare_restore_s']:.4f}",
-            R.fmt_x(r["restore_latest_over_bare"]), R.fmt_x(r["open_and_restore_over_bare"]))])
+        lines += [
+            "",
+            f"restore_latest over {r['snapshots']} snapshots on {store} "
+            f"({R.fmt_bytes(r['state_bytes'])} each, median of 3):",
+        ]
+        lines += R.table(
+            "open manager s>15|restore_latest s>17|bare restore s>15|latest/bare>13|open+latest/bare>18",
+            [
+                (
+                    f"{r['open_manager_s']:.4f}",
+                    f"{r['restore_latest_s']:.4f}",
+                    f"{r['bare_restore_s']:.4f}",
+                    R.fmt_x(r["restore_latest_over_bare"]),
+                    R.fmt_x(r["open_and_restore_over_bare"]),
+                )
+            ],
+        )
     return "\n".join(lines)
 
 
@@ -156,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             result["restore_latest"] = {}
             if "local" in args.stores:
                 result["restore_latest"]["local"] = restore_latest_case(
-                    str(scratch / "many"), args.snapshots, args.state_bytes, {})
+                    str(scratch / "many"), args.snapshots, args.state_bytes, {}
+                )
             if "s3" in args.stores:
                 result["restore_latest"]["s3"] = _on_s3(args.snapshots, args.state_bytes)
     R.write_report(result, args.out, render(result))

@@ -16,6 +16,7 @@ manifests say (the step, metrics and reason of each save are in the snapshot's u
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import signal
 import time
@@ -31,6 +32,7 @@ from snapshotkit._lifecycle.catalog import (
     RootListing,
     StepObjects,
     delete_snapshot,
+    empty_step_dirs,
     list_root,
     read_record,
     step_dir,
@@ -147,8 +149,11 @@ class SnapshotManager:
     def __enter__(self) -> SnapshotManager:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        if exc_type is None:
+            self.close()
+        elif not self._closed:
+            self._shut_down()
 
     # ------------------------------------------------------------------ what the root holds
 
@@ -303,28 +308,40 @@ class SnapshotManager:
         return result
 
     def wait(self) -> None:
-        """Wait for the pending save (raising its failure) and the retention it started."""
+        """Wait for the pending save (raising its failure) and the retention it started.
+
+        With many ranks this is collective: every rank returns once rank 0's retention is done,
+        so :meth:`steps` agrees on every rank afterwards.
+        """
+        error: BaseException | None = None
         try:
             self._settle_pending()
-        finally:
             retention, self._retention = self._retention, None
             if retention is not None:
                 retention.result()
+        except Exception as exc:
+            error = exc
+        self._group.exchange(None, error, "SnapshotManager.wait: finishing saves and retention")
 
     def close(self) -> None:
         """:meth:`wait`, then stop the background work and put the previous signal handlers back.
 
-        Idempotent; the manager is also a context manager that closes on exit.
+        Collective like :meth:`wait`; idempotent. The manager is also a context manager that
+        closes on exit (leaving on an exception, it only stops its own background work and does
+        not wait for the other ranks).
         """
         if self._closed:
             return
         try:
             self.wait()
         finally:
-            self._closed = True
-            self._watcher.close()
-            if self._worker is not None:
-                self._worker.shutdown(wait=True)
+            self._shut_down()
+
+    def _shut_down(self) -> None:
+        self._closed = True
+        self._watcher.close()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
 
     # ------------------------------------------------------------------ resuming
 
@@ -394,12 +411,12 @@ class SnapshotManager:
         """
         if self._group.rank != 0:
             return []
-        listing = self._listing()
+        listing, empty = self._run(_listing_and_empty_dirs, f"listing {self.root!r}")
         removed: list[int] = []
-        for step in listing.incomplete:
+        for step in sorted({*listing.incomplete, *empty}):
             if self._pending is not None and step == self._pending_step and not self._pending.done():
                 continue
-            objects = listing.steps[step]
+            objects = listing.steps.get(step, StepObjects(step, ()))
             if not objects.only_ours:
                 _log.warning(
                     "not removing %s/%s: it has no committed snapshot but holds objects snapshotkit does not write",
@@ -466,7 +483,7 @@ class SnapshotManager:
         """The manager records of ``steps`` (manifests read once, then cached)."""
         missing = [s for s in steps if s not in self._records]
         for step in missing:
-            self._records[step] = self._run(lambda plugin, s=step: read_record(plugin, s), "reading a manifest")
+            self._records[step] = self._run(functools.partial(read_record, step=step), "reading a manifest")
         return {s: self._records[s] for s in steps}
 
     def _run(self, call: Callable[[StoragePlugin], Coroutine[Any, Any, T]], what: str) -> T:
@@ -488,6 +505,11 @@ class SnapshotManager:
                 f"SnapshotManager: {what} failed: {type(exc).__name__}: {exc}. Check that the root "
                 f"{self.root!r} is reachable and that you may list and delete there"
             ) from exc
+
+
+async def _listing_and_empty_dirs(plugin: StoragePlugin) -> tuple[RootListing, list[int]]:
+    listing = await list_root(plugin)
+    return listing, await empty_step_dirs(plugin, listing)
 
 
 def _damaged(exc: BaseException | None) -> bool:

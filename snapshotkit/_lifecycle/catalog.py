@@ -12,6 +12,7 @@ foreign checkpoint (DCP, a user's files) that happens to sit under ``step_<n>`` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
@@ -94,6 +95,17 @@ async def list_root(plugin: StoragePlugin) -> RootListing:
     return parse_listing(await plugin.list(""))
 
 
+async def empty_step_dirs(plugin: StoragePlugin, listing: RootListing) -> list[int]:
+    """Steps whose directory holds no object at all (a file system's leftover of a take killed
+    between creating the directory and its first file)."""
+    steps = []
+    for name in await plugin.list_dirs(""):
+        match = _STEP_DIR.fullmatch(name)
+        if match is not None and int(match.group(1)) not in listing.steps:
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
 def manager_record(step: int, user_metadata: Mapping[str, Any]) -> StepRecord | None:
     """The record a manager left in a snapshot's user metadata, or None if no manager wrote it
     (or wrote it for another step: a copied or renamed snapshot is not this step's)."""
@@ -128,10 +140,8 @@ async def delete_snapshot(plugin: StoragePlugin, objects: StepObjects) -> None:
     """
     manifest = f"{step_dir(objects.step)}/{METADATA_FILENAME}"
     if manifest in objects.locations:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             await plugin.delete(manifest)
-        except FileNotFoundError:
-            pass
     if objects.only_ours:
         await plugin.delete_prefix(step_dir(objects.step) + "/")
         return

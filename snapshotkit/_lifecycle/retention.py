@@ -70,7 +70,8 @@ class RetentionPolicy:
             raise ConfigError(f"best_mode must be 'min' or 'max', got {self.best_mode!r}")
         if self.keep_best is not None and self.best_metric is None:
             raise ConfigError(
-                f"keep_best={self.keep_best} needs best_metric: name the metric to rank by (e.g. best_metric='val_loss')"
+                f"keep_best={self.keep_best} needs best_metric: name the metric to rank by "
+                "(e.g. best_metric='val_loss')"
             )
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import builtins
 import contextlib
 import dataclasses
 from collections.abc import Sequence
@@ -149,6 +150,22 @@ class StoragePlugin(abc.ABC):
     async def list(self, prefix: str = "") -> list[str]:
         """Locations under ``prefix`` (``""`` for all), sorted."""
         raise NotImplementedError(f"{type(self).__name__} cannot list objects")
+
+    async def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """The "directories" directly below ``prefix`` (``""`` or ending in ``/``), sorted, as
+        locations without a trailing ``/``: ``list_dirs("run/")`` -> ``["run/step_1", ...]``.
+
+        The default derives them from :meth:`list`; a file system plugin overrides it to name
+        empty directories too (an interrupted write can leave one).
+        """
+        if prefix and not prefix.endswith("/"):
+            raise ValueError(f"list_dirs takes '' or a prefix ending in '/', got {prefix!r}")
+        found = set()
+        for location in await self.list(prefix):
+            head, slash, _ = location[len(prefix) :].partition("/")
+            if slash:  # an object below a directory, not one directly under the prefix
+                found.add(prefix + head)
+        return sorted(found)
 
     async def delete_prefix(self, prefix: str) -> None:
         """Delete every object under ``prefix``; nothing there is not an error."""

@@ -18,6 +18,7 @@ open can hang.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import os
@@ -302,6 +303,20 @@ class FSStoragePlugin(StoragePlugin):
     async def list(self, prefix: str = "") -> list[str]:
         result: list[str] = await to_thread(self._list_blocking, prefix)
         return result
+
+    def _list_dirs_blocking(self, prefix: str) -> builtins.list[str]:
+        top = self.root / prefix if prefix else self.root
+        if top.is_symlink() or not top.is_dir():
+            return []
+        with os.scandir(top) as entries:
+            return sorted(prefix + e.name for e in entries if e.is_dir(follow_symlinks=False))
+
+    async def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """The directories directly below ``prefix``, empty ones included."""
+        if prefix and not prefix.endswith("/"):
+            raise ValueError(f"list_dirs takes '' or a prefix ending in '/', got {prefix!r}")
+        found: builtins.list[str] = await to_thread(self._list_dirs_blocking, prefix)
+        return found
 
     def _remove_empty_dirs(self) -> None:
         for directory in sorted(self._created_dirs, key=lambda p: len(p.parts), reverse=True):

@@ -23,6 +23,7 @@ Which operations are safe to send again, and why:
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -90,6 +91,9 @@ class RetryingStoragePlugin(StoragePlugin):
 
     async def list(self, prefix: str = "") -> list[str]:
         return await self._retry("list", prefix, lambda: self.plugin.list(prefix))
+
+    async def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        return await self._retry("list", prefix, lambda: self.plugin.list_dirs(prefix))
 
     async def delete(self, location: str) -> None:
         failed: list[BaseException] = []

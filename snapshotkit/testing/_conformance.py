@@ -465,6 +465,25 @@ class StoragePluginConformance:
 
         assert self._run(root, scenario) == ["COMMIT", "a.bin", "b/2.bin"]
 
+    def test_list_dirs_names_the_directories_directly_below_a_prefix(self, root: str) -> None:
+        self._require_listing(root)
+        for location in ["step_1/data/0.bin", "step_1/meta", "step_2/x", "notes.txt", "a/b/c/d.bin"]:
+            self.ground_truth_write(root, location, b"x")
+
+        async def scenario(plugin: StoragePlugin) -> tuple[list[str], list[str], list[str], list[str]]:
+            return (
+                await plugin.list_dirs(""),
+                await plugin.list_dirs("step_1/"),
+                await plugin.list_dirs("a/b/"),
+                await plugin.list_dirs("nothing/"),
+            )
+
+        top, step_1, a_b, nothing = self._run(root, scenario)
+        assert top == ["a", "step_1", "step_2"]
+        assert step_1 == ["step_1/data"]
+        assert a_b == ["a/b/c"]
+        assert nothing == []
+
     def test_delete_prefix(self, root: str) -> None:
         self._require_listing(root)
         for location in ["step/0.bin", "step/deep/1.bin", "keep/0.bin", "stepper.bin"]:

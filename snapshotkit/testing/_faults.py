@@ -18,6 +18,7 @@ settings for one operation and never reaches the wrapped plugin.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import random
 import threading
@@ -151,6 +152,9 @@ class FaultInjectingPlugin(StoragePlugin):
 
     async def list(self, prefix: str = "") -> list[str]:
         return await self._call("list", prefix, lambda: self.plugin.list(prefix))
+
+    async def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        return await self._call("list", prefix, lambda: self.plugin.list_dirs(prefix))
 
     async def delete_prefix(self, prefix: str) -> None:
         await self._call("delete_prefix", prefix, lambda: self.plugin.delete_prefix(prefix))

@@ -31,7 +31,7 @@ def train_step(state: dict[str, Any]) -> float:
     loss.backward()
     optim.step()
     state["progress"]["step"] += 1
-    return float(loss)
+    return loss.item()
 
 
 def weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:

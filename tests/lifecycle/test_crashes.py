@@ -58,7 +58,8 @@ def check_resume(root: Path) -> int | None:
         for name, tensor in child.values(step).items():
             assert torch.equal(state["s"][name], tensor), f"{name} of step {step} differs"
     # what is left opens as complete or not at all: nothing incomplete survives a manager's opening
-    assert sorted(int(p.name.removeprefix("step_")) for p in root.iterdir()) == expected
+    left = sorted(int(p.name.removeprefix("step_")) for p in root.iterdir()) if root.exists() else []
+    assert left == expected
     return step
 
 
@@ -76,7 +77,7 @@ def test_kill_during_save_or_deletion(
         root = tmp_path / f"{case}-{trial}"
         kill_at_random(child.save_forever, (str(root), async_take, keep_last), window_s, rng)
         outcomes.append(check_resume(root))
-        shutil.rmtree(root)
+        shutil.rmtree(root, ignore_errors=True)
     assert any(step is not None for step in outcomes), "every kill came before the first commit"
 
 
@@ -90,4 +91,4 @@ def test_kill_during_cleanup(tmp_path: Path) -> None:
         shutil.copytree(template, root)
         kill_at_random(child.open_and_clean, (str(root),), 0.3, rng)
         assert check_resume(root) == 2
-        shutil.rmtree(root)
+        shutil.rmtree(root, ignore_errors=True)

@@ -347,9 +347,7 @@ def test_events_and_info_lines_of_a_managed_run(recorded: Any, caplog: pytest.Lo
 
 @settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    saves=st.lists(
-        st.tuples(st.integers(1, 7), st.one_of(st.none(), st.floats(-10, 10))), min_size=1, max_size=12
-    ),
+    saves=st.lists(st.tuples(st.integers(1, 7), st.one_of(st.none(), st.floats(-10, 10))), min_size=1, max_size=12),
     keep_last=st.one_of(st.none(), st.integers(1, 4)),
     keep_every=st.one_of(st.none(), st.integers(2, 12)),
     keep_best=st.one_of(st.none(), st.integers(1, 3)),
