@@ -39,11 +39,18 @@ from snapshotkit._lifecycle.catalog import (
 )
 from snapshotkit._lifecycle.preemption import PreemptionWatcher
 from snapshotkit._lifecycle.retention import RetentionPolicy, StepRecord, best_steps, kept_steps
-from snapshotkit._lifecycle.values import check_metadata, check_step, check_take_keywords, clean_metrics
+from snapshotkit._lifecycle.values import (
+    check_metadata,
+    check_signals,
+    check_step,
+    check_take_keywords,
+    clean_metrics,
+)
 from snapshotkit._runtime.loop import run_sync
 from snapshotkit.errors import (
     ConfigError,
     IntegrityError,
+    InvalidArgumentError,
     ManifestError,
     RankFailedError,
     SnapshotExistsError,
@@ -118,6 +125,9 @@ class SnapshotManager:
             if save_interval_steps < 1:
                 raise ConfigError(f"save_interval_steps must be at least 1, got {save_interval_steps}")
         self.save_interval_steps = save_interval_steps
+        signals = check_signals(preemption_signals)
+        if not isinstance(cleanup_incomplete, bool):
+            raise InvalidArgumentError(f"cleanup_incomplete must be True or False, got {cleanup_incomplete!r}")
         self.pg = pg
         self._options = dict(storage_options or {})
         self._group = resolve_group(pg, timeout_seconds=Config.resolve().collective_timeout_seconds)
@@ -133,15 +143,13 @@ class SnapshotManager:
         committed: list[int] = []
         try:
             if self._group.rank == 0:
-                if cleanup_incomplete:
-                    self.cleanup()
-                committed = self._listing().committed
+                committed = self._cleanup()[1].committed if cleanup_incomplete else self._listing().committed
         except Exception as exc:
             error = exc
         agreed = self._group.exchange(committed, error, "SnapshotManager: listing the root")
         self._steps: set[int] = set(agreed[0])
-        self._watcher = PreemptionWatcher(tuple(preemption_signals))
-        self._watch_preemption = bool(preemption_signals)
+        self._watcher = PreemptionWatcher(signals)
+        self._watch_preemption = bool(signals)
 
     def __repr__(self) -> str:
         return f"SnapshotManager({self.root!r})"
@@ -275,6 +283,7 @@ class SnapshotManager:
             SnapshotkitError: the previous async save failed (its error; this save did not start),
                 or this take failed, as :meth:`Snapshot.take` raises.
         """
+        self._check_open()
         step = check_step(step)
         clean = clean_metrics(metrics)
         user_metadata = check_metadata(metadata)
@@ -409,8 +418,11 @@ class SnapshotManager:
         Returns:
             The steps removed (none on other ranks).
         """
-        if self._group.rank != 0:
-            return []
+        return self._cleanup()[0] if self._group.rank == 0 else []
+
+    def _cleanup(self) -> tuple[list[int], RootListing]:
+        """:meth:`cleanup` on rank 0: the steps removed, and the listing (its committed steps are
+        still there: clean-up removes only incomplete ones)."""
         listing, empty = self._run(_listing_and_empty_dirs, f"listing {self.root!r}")
         removed: list[int] = []
         for step in sorted({*listing.incomplete, *empty}):
@@ -426,7 +438,7 @@ class SnapshotManager:
                 continue
             self._delete(objects, "incomplete_removed")
             removed.append(step)
-        return removed
+        return removed, listing
 
     def _retain_after(self, pending: PendingSnapshot | None) -> None:
         """Rank 0's background work after a save: once it committed, delete what the policy drops."""
@@ -455,6 +467,10 @@ class SnapshotManager:
         _events.emit(kind, path=path, step=objects.step, rank=0, seconds=seconds)
 
     # ------------------------------------------------------------------ helpers
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError(f"the SnapshotManager of {self.root!r} is closed; create a new one to save again")
 
     def _on_interval(self, step: int) -> bool:
         return self.save_interval_steps is not None and step % self.save_interval_steps == 0

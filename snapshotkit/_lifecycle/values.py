@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,6 +67,24 @@ def check_metadata(metadata: object) -> dict[str, Any]:
     if MANAGER_KEY in metadata:
         raise ConfigError(f"metadata key {MANAGER_KEY!r} is the manager's own (step, metrics); use another key")
     return dict(metadata)
+
+
+def check_signals(signals: object) -> tuple[int, ...]:
+    """``preemption_signals`` as a tuple of signal numbers (a single signal is accepted too)."""
+    if isinstance(signals, int):
+        signals = (signals,)
+    if not isinstance(signals, (list, tuple)) or not all(
+        isinstance(s, int) and not isinstance(s, bool) for s in signals
+    ):
+        raise InvalidArgumentError(
+            "preemption_signals must be signal numbers such as (signal.SIGTERM, signal.SIGUSR1), or (), "
+            f"got {signals!r}"
+        )
+    valid = set(signal.valid_signals())
+    for number in signals:
+        if number not in valid or number in (signal.SIGKILL, getattr(signal, "SIGSTOP", -1)):
+            raise ConfigError(f"preemption_signals: {number!r} is not a signal a handler can catch")
+    return tuple(int(s) for s in dict.fromkeys(signals))
 
 
 def check_take_keywords(take_kwargs: Mapping[str, Any]) -> None:

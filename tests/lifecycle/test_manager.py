@@ -304,11 +304,22 @@ def test_careless_arguments_are_refused_before_anything_is_written(call: Any, er
         ({"save_interval_steps": 0}, ConfigError),
         ({"save_interval_steps": 2.5}, InvalidArgumentError),
         ({"best_mode": "up"}, ConfigError),
+        ({"preemption_signals": "SIGTERM"}, InvalidArgumentError),
+        ({"preemption_signals": [9]}, ConfigError),
+        ({"cleanup_incomplete": 1}, InvalidArgumentError),
     ],
 )
 def test_bad_manager_arguments(kwargs: dict[str, Any], error: type[Exception]) -> None:
     with pytest.raises(error):
         SnapshotManager(memory_root("bad"), **kwargs)
+
+
+def test_a_closed_manager_saves_no_more() -> None:
+    mgr = SnapshotManager(memory_root("closed"))
+    mgr.close()
+    mgr.close()  # idempotent
+    with pytest.raises(ConfigError, match="closed"):
+        mgr.save(1, {"s": StateDict(a=1)})
 
 
 def test_best_step_needs_a_metric() -> None:
