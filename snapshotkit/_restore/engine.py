@@ -19,8 +19,10 @@ from snapshotkit._format.sharded import destination_boxes
 from snapshotkit._plan.flatten import inflate
 from snapshotkit._restore.failures import describe_paths, open_failure, storage_failure
 from snapshotkit._restore.fetch import check_extents, read_pieces
+from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
 from snapshotkit._restore.plan import (
+    RestorePlan,
     check_destination,
     close_matches,
     missing_key_hint,
@@ -143,18 +145,20 @@ def restore(
     config: Config,
     strict: bool,
     weights_only: bool,
-) -> None:
+) -> RestoreReport:
     """Load the snapshot into ``app_state`` on every rank of ``group``: every rank restored, or
-    every rank raises (nobody trains on from a half-restored state)."""
+    every rank raises (nobody trains on from a half-restored state). Returns this rank's report."""
     error: BaseException | None = None
+    report = RestoreReport()
     try:
-        _restore_rank(metadata, app_state, path, open_plugin, group.rank, config, strict, weights_only)
+        report = _restore_rank(metadata, app_state, path, open_plugin, group.rank, config, strict, weights_only)
     except Exception as exc:
         error = exc
     try:
         group.exchange(None, error, "restore: loading the state")
     finally:
         error = None  # this frame is in the error's traceback: no reference cycle through it
+    return report
 
 
 def _restore_rank(
@@ -166,15 +170,16 @@ def _restore_rank(
     config: Config,
     strict: bool,
     weights_only: bool,
-) -> None:
+) -> RestoreReport:
     states_of = validate_app_state(app_state)
     try:
-        steps = _plan_and_fetch(metadata, states_of, path, open_plugin, rank, config, strict, weights_only)
+        plan = _plan_and_fetch(metadata, states_of, path, open_plugin, rank, config, strict, weights_only)
     except Exception as exc:
         drop_frames(exc)  # the failed fetch's buffers and fresh tensors go now, not at the next collection
         raise
-    for step in steps:
+    for step in plan.steps:
         step()
+    return plan.report
 
 
 def _plan_and_fetch(
@@ -186,10 +191,10 @@ def _plan_and_fetch(
     config: Config,
     strict: bool,
     weights_only: bool,
-) -> list[Callable[[], None]]:
+) -> RestorePlan:
     loader = LeafLoader(weights_only=weights_only)
     with gc_paused():
-        steps = plan_restore(
+        plan = plan_restore(
             rank_view(metadata, rank),
             states_of,
             strict=strict,
@@ -198,7 +203,7 @@ def _plan_and_fetch(
             hint=lambda key: missing_key_hint(metadata, key, rank),
         )
         _fetch(open_plugin, path, loader, config)
-    return steps
+    return plan
 
 
 def read_object(
