@@ -30,7 +30,15 @@ def test_all_is_sorted_and_resolvable(name: str) -> None:
 
 
 def test_top_level_exports() -> None:
-    assert set(snapshotkit.__all__) >= {"Snapshot", "Stateful", "StateDict", "RNGState", "__version__", "errors"}
+    assert set(snapshotkit.__all__) >= {
+        "RestoreReport",
+        "Snapshot",
+        "Stateful",
+        "StateDict",
+        "RNGState",
+        "__version__",
+        "errors",
+    }
 
 
 def test_private_modules_are_underscored_and_public_ones_listed() -> None:
