@@ -3,7 +3,7 @@
 from snapshotkit import Snapshot, StateDict, RNGState
 
 snapshot = Snapshot.take("/ckpt/step_1000", {"model": model, "optim": optim, "rng": RNGState()})
-Snapshot("/ckpt/step_1000").restore({"model": model, "optim": optim, "rng": RNGState()})
+report = Snapshot("/ckpt/step_1000").restore({"model": model, "optim": optim, "rng": RNGState()})
 weight = Snapshot("/ckpt/step_1000").read_object("model/layer1.weight")
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from snapshotkit import errors, events
 from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._version import __version__
 from snapshotkit.manager import SnapshotManager
 from snapshotkit.snapshot import PendingSnapshot, Snapshot
@@ -20,6 +21,7 @@ __all__ = [
     "AppState",
     "PendingSnapshot",
     "RNGState",
+    "RestoreReport",
     "Snapshot",
     "SnapshotManager",
     "SnapshotMetadata",

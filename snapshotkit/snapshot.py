@@ -11,6 +11,7 @@ from snapshotkit._dist import resolve_group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import Entry
 from snapshotkit._restore import engine as restore_engine
+from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._take import engine as take_engine
 from snapshotkit.stateful import AppState
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
@@ -217,35 +218,53 @@ class Snapshot:
         memory_budget_bytes: int | None = None,
         weights_only: bool = True,
         verify_checksums: bool | None = None,
-    ) -> None:
+    ) -> RestoreReport:
         """Load the snapshot into the objects of ``app_state``, in place where possible.
 
         Tensors whose dtype and shape match the object's current ``state_dict()`` are filled in
         place (tied weights stay tied); the rest are loaded fresh and handed to
-        ``load_state_dict()``. An :class:`~snapshotkit.RNGState` is loaded last.
+        ``load_state_dict()``. An :class:`~snapshotkit.RNGState` is loaded last, whole, as saved.
+
+        Keys (logical paths of leaves) the snapshot and an object's current ``state_dict()`` do
+        not share are reported in the returned :class:`~snapshotkit.RestoreReport`, like
+        ``nn.Module.load_state_dict``: ``missing_keys`` the object has and the snapshot lacks
+        (say, of a snapshot taken with ``include=``), ``unexpected_keys`` the snapshot has and the
+        object lacks. Objects are compared through the dicts both sides hold; a list or tuple,
+        and a dict that is empty in the object (a fresh optimizer's ``state``, an empty
+        :class:`~snapshotkit.StateDict`), take the saved value whole and report nothing below.
 
         Args:
-            app_state: a subset of the keys the snapshot was taken with.
-            strict: refuse tensors whose shape/dtype differ from their destination and modules
-                whose keys differ; with ``False`` such tensors load fresh and modules load with
-                ``strict=False``.
+            app_state: keys of the snapshot to restore, name -> object.
+            strict: with ``True`` (the default): an app_state key the snapshot lacks, a tensor
+                whose shape or dtype differs from its destination, a module whose keys differ,
+                or another object whose ``state_dict()`` has keys the snapshot lacks, raise
+                (nothing is loaded). With ``False``: an absent key is skipped (all its leaves
+                reported missing); mismatched tensors load fresh; modules load with
+                ``load_state_dict(strict=False)``; any other object gets the saved leaves merged
+                over its current ``state_dict()``, so keys the snapshot lacks keep their current
+                values, and the merged state is passed to its ``load_state_dict()``.
             memory_budget_bytes: host bytes for bounce buffers at once (see :meth:`take`).
             weights_only: load pickled objects with ``torch.load(weights_only=True)``; pass
                 ``False`` only for snapshots you trust.
             verify_checksums: check every piece's CRC-32C (default on, or
                 ``SNAPSHOTKIT_VERIFY_CHECKSUMS``).
 
+        Returns:
+            This rank's :class:`~snapshotkit.RestoreReport` (with several ranks, each rank gets
+            its own).
+
         Raises:
-            LogicalPathNotFoundError: an app_state key is not in the snapshot.
-            StateMismatchError: (strict) a tensor or module does not match; whatever ``strict``
-                says, a destination on the meta device or a module tensor of another shape.
+            LogicalPathNotFoundError: (strict) an app_state key is not in the snapshot.
+            StateMismatchError: (strict) a tensor, module or object does not match (the message
+                lists up to ten keys of each side); whatever ``strict`` says, a destination on
+                the meta device or a module tensor of another shape.
             IntegrityError: stored bytes are corrupt or truncated.
             StorageError: the store failed (the plugin's error is the cause).
         """
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
         group = resolve_group(self.pg, timeout_seconds=config.collective_timeout_seconds)
         wanted = sorted(str(key) for key in app_state) if isinstance(app_state, Mapping) else []
-        restore_engine.restore(
+        return restore_engine.restore(
             self._metadata_for(wanted),
             app_state,
             path=self.path,

@@ -32,7 +32,9 @@ def test_all_is_sorted_and_resolvable(name: str) -> None:
 
 def test_top_level_exports() -> None:
     assert set(snapshotkit.__all__) >= {
+        "RestoreReport",
         "Snapshot",
+        "SnapshotManager",
         "Stateful",
         "StateDict",
         "RNGState",

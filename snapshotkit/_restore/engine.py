@@ -26,8 +26,10 @@ from snapshotkit._format.sharded import destination_boxes
 from snapshotkit._plan.flatten import inflate
 from snapshotkit._restore.failures import describe_paths, open_failure, storage_failure
 from snapshotkit._restore.fetch import check_extents, read_pieces
+from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
 from snapshotkit._restore.plan import (
+    RestorePlan,
     check_destination,
     close_matches,
     missing_key_hint,
@@ -153,14 +155,14 @@ def restore(
     config: Config,
     strict: bool,
     weights_only: bool,
-) -> None:
+) -> RestoreReport:
     """Load the snapshot into ``app_state`` on every rank of ``group``: every rank restored, or
-    every rank raises (nobody trains on from a half-restored state)."""
+    every rank raises (nobody trains on from a half-restored state). Returns this rank's report."""
     started_s = time.perf_counter()
     error: BaseException | None = None
-    nbytes = 0
+    report, nbytes = RestoreReport(), 0
     try:
-        nbytes = _restore_rank(metadata, app_state, path, open_plugin, group.rank, config, strict, weights_only)
+        report, nbytes = _restore_rank(metadata, app_state, path, open_plugin, group.rank, config, strict, weights_only)
     except Exception as exc:
         error = exc
     try:
@@ -171,6 +173,7 @@ def restore(
     where = f"rank {group.rank} of {group.world_size}"
     logger.info("restored snapshot %s: %s, %s", path, transfer_summary(nbytes, seconds), where)
     emit("restore_finished", path=path, rank=group.rank, nbytes=nbytes, seconds=seconds)
+    return report
 
 
 def _restore_rank(
@@ -182,17 +185,17 @@ def _restore_rank(
     config: Config,
     strict: bool,
     weights_only: bool,
-) -> int:
-    """Restore this rank's state; the bytes read from storage."""
+) -> tuple[RestoreReport, int]:
+    """Restore this rank's state: its report, and the bytes read from storage."""
     states_of = validate_app_state(app_state)
     try:
-        steps, nbytes = _plan_and_fetch(metadata, states_of, path, open_plugin, rank, config, strict, weights_only)
+        plan, nbytes = _plan_and_fetch(metadata, states_of, path, open_plugin, rank, config, strict, weights_only)
     except Exception as exc:
         drop_frames(exc)  # the failed fetch's buffers and fresh tensors go now, not at the next collection
         raise
-    for step in steps:
+    for step in plan.steps:
         step()
-    return nbytes
+    return plan.report, nbytes
 
 
 def _plan_and_fetch(
@@ -204,10 +207,10 @@ def _plan_and_fetch(
     config: Config,
     strict: bool,
     weights_only: bool,
-) -> tuple[list[Callable[[], None]], int]:
+) -> tuple[RestorePlan, int]:
     loader = LeafLoader(weights_only=weights_only)
     with gc_paused():
-        steps = plan_restore(
+        plan = plan_restore(
             rank_view(metadata, rank),
             states_of,
             strict=strict,
@@ -216,7 +219,7 @@ def _plan_and_fetch(
             hint=lambda key: missing_key_hint(metadata, key, rank),
         )
         nbytes = _fetch(open_plugin, path, loader, config)
-    return steps, nbytes
+    return plan, nbytes
 
 
 def read_object(

@@ -6,6 +6,7 @@ All keys share one read pipeline (each piece is fetched once, whatever the numbe
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -14,7 +15,8 @@ import torch
 
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import DictEntry, Entry, ListEntry, TensorEntry, is_shared
-from snapshotkit._plan.flatten import escape_key, flatten, inflate, join_path
+from snapshotkit._plan.flatten import Flattened, escape_key, flatten, inflate, join_path
+from snapshotkit._restore.partial import KeyDifference, RestoreReport, check_keys, compare, leaf_paths, merged_state
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
 from snapshotkit.errors import LogicalPathNotFoundError, StateMismatchError
 from snapshotkit.stateful import RNGState, Stateful
@@ -104,6 +106,19 @@ def subtree(view: Mapping[str, Entry], root: str) -> tuple[ContainerMap, dict[st
     return containers, leaves
 
 
+@dataclasses.dataclass(frozen=True)
+class RestorePlan:
+    """The reads of a restore are with the loader; what remains is loading, and the report.
+
+    Attributes:
+        steps: the ``load_state_dict`` calls to make once the reads ran, the RNG last.
+        report: the keys the snapshot and the destinations do not share.
+    """
+
+    steps: list[Callable[[], None]]
+    report: RestoreReport
+
+
 def plan_restore(
     view: Mapping[str, Entry],
     app_state: Mapping[str, Stateful],
@@ -112,30 +127,46 @@ def plan_restore(
     loader: LeafLoader,
     snapshot_path: str,
     hint: Callable[[str], str] | None = None,
-) -> list[Callable[[], None]]:
-    """Plan loading every key of ``app_state``; return the ``load_state_dict`` steps, RNG last."""
+) -> RestorePlan:
+    """Plan loading every key of ``app_state``: the ``load_state_dict`` steps, RNG last, and the report.
+
+    Raises:
+        LogicalPathNotFoundError: (strict) an app_state key is not in the snapshot.
+        StateMismatchError: (strict) keys or tensors differ (see :func:`~.partial.check_keys`).
+    """
     saved_keys = sorted({path.split("/", 1)[0] for path in view})
     steps: list[tuple[bool, Callable[[], None]]] = []
+    missing: list[str] = []
+    unexpected: list[str] = []
     for key in sorted(app_state):
         stateful = app_state[key]
         root = escape_key(key)
+        is_rng, is_module = isinstance(stateful, RNGState), isinstance(stateful, torch.nn.Module)
         if root not in view:
-            raise LogicalPathNotFoundError(
-                f"app_state key {key!r} is not in the snapshot at {snapshot_path!r} for this rank, which sees "
-                f"{saved_keys}{close_matches(root, saved_keys)}.{hint(root) if hint else ''} Remove it from "
-                "app_state, or restore those keys from a snapshot that has them"
-            )
+            if strict:
+                raise LogicalPathNotFoundError(
+                    f"app_state key {key!r} is not in the snapshot at {snapshot_path!r} for this rank, which sees "
+                    f"{saved_keys}{close_matches(root, saved_keys)}.{hint(root) if hint else ''} Remove it from "
+                    "app_state, restore those keys from a snapshot that has them, or pass strict=False to skip it"
+                )
+            missing.extend(leaf_paths(flatten(stateful.state_dict(), root), root))
+            continue
         containers, leaves = subtree(view, root)
-        destinations: dict[str, Any] = {}
-        if not isinstance(stateful, RNGState):
-            destinations = flatten(stateful.state_dict(), root).leaves
-        if strict and isinstance(stateful, torch.nn.Module):
-            _check_module_keys(key, set(leaves), set(destinations))
+        # An RNGState has no destinations: it loads what was saved, whole (with or without CUDA or NumPy).
+        current = None if is_rng else flatten(stateful.state_dict(), root)
+        difference = KeyDifference()
+        if current is not None:
+            difference = compare(root, Flattened(dict(containers), dict(leaves)), current, module=is_module)
+            if strict:
+                check_keys(key, difference, module=is_module)
+            missing.extend(difference.missing)
+            unexpected.extend(difference.unexpected)
+        destinations = current.leaves if current is not None else {}
         thunks: dict[str, Callable[[], Any]] = {}
         for path, entry in leaves.items():
             destination = destinations.get(path)
             if isinstance(destination, torch.Tensor):
-                check_destination(path, entry, destination, module=isinstance(stateful, torch.nn.Module))
+                check_destination(path, entry, destination, module=is_module)
             if (
                 isinstance(entry, TensorEntry)
                 and isinstance(destination, torch.Tensor)
@@ -145,8 +176,10 @@ def plan_restore(
                     raise describe_mismatch(path, entry, destination)
                 destination = None
             thunks[path] = loader.add(path, entry, destination)
-        steps.append((isinstance(stateful, RNGState), _load_step(stateful, root, containers, thunks, strict)))
-    return [step for _, step in sorted(steps, key=lambda s: s[0])]
+        merge_with = current if difference.missing_keys and not is_module else None
+        steps.append((is_rng, _load_step(stateful, root, containers, thunks, strict, merge_with, difference)))
+    report = RestoreReport(tuple(sorted(missing)), tuple(sorted(unexpected)))
+    return RestorePlan([step for _, step in sorted(steps, key=lambda s: s[0])], report)
 
 
 def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor, *, module: bool) -> None:
@@ -170,21 +203,23 @@ def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor
         )
 
 
-def _check_module_keys(key: str, saved: set[str], current: set[str]) -> None:
-    missing, unexpected = sorted(current - saved), sorted(saved - current)
-    if missing or unexpected:
-        raise StateMismatchError(
-            f"the module app_state[{key!r}] does not match the snapshot: missing from the snapshot "
-            f"{missing[:10]}{' ...' if len(missing) > 10 else ''}, not in the module "
-            f"{unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}. Pass strict=False to load the keys that match"
-        )
-
-
 def _load_step(
-    stateful: Stateful, root: str, containers: ContainerMap, thunks: Mapping[str, Callable[[], Any]], strict: bool
+    stateful: Stateful,
+    root: str,
+    containers: ContainerMap,
+    thunks: Mapping[str, Callable[[], Any]],
+    strict: bool,
+    merge_with: Flattened | None,
+    difference: KeyDifference,
 ) -> Callable[[], None]:
+    """Load the saved state; with ``merge_with`` (the current state), merged over it."""
+
     def step() -> None:
-        state = inflate(root, containers, {path: thunk() for path, thunk in thunks.items()})
+        saved = Flattened(dict(containers), {path: thunk() for path, thunk in thunks.items()})
+        if merge_with is not None:
+            state = merged_state(root, saved, merge_with, difference)
+        else:
+            state = inflate(root, saved.containers, saved.leaves)
         if isinstance(stateful, torch.nn.Module):
             stateful.load_state_dict(state, strict=strict)
         else:
