@@ -16,29 +16,19 @@ manifests say (the step, metrics and reason of each save are in the snapshot's u
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import logging
 import signal
-import time
 import warnings
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from snapshotkit import _events
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
-from snapshotkit._lifecycle.catalog import (
-    MANAGER_KEY,
-    RootListing,
-    StepObjects,
-    delete_snapshot,
-    empty_step_dirs,
-    list_root,
-    read_record,
-    step_dir,
-)
+from snapshotkit._lifecycle.catalog import MANAGER_KEY, RootListing, step_dir
+from snapshotkit._lifecycle.janitor import RootJanitor
 from snapshotkit._lifecycle.preemption import PreemptionWatcher
-from snapshotkit._lifecycle.retention import RetentionPolicy, StepRecord, best_steps, kept_steps
+from snapshotkit._lifecycle.retention import RetentionPolicy, StepRecord, best_steps
 from snapshotkit._lifecycle.values import (
     check_metadata,
     check_signals,
@@ -46,7 +36,6 @@ from snapshotkit._lifecycle.values import (
     check_take_keywords,
     clean_metrics,
 )
-from snapshotkit._runtime.loop import run_sync
 from snapshotkit.errors import (
     ConfigError,
     IntegrityError,
@@ -54,15 +43,12 @@ from snapshotkit.errors import (
     ManifestError,
     RankFailedError,
     SnapshotExistsError,
-    SnapshotkitError,
     SnapshotNotFoundError,
-    StorageError,
     UnsafeStorageObjectError,
     UnsupportedFormatVersionError,
 )
 from snapshotkit.snapshot import PendingSnapshot, Snapshot
 from snapshotkit.stateful import AppState
-from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
 __all__ = ["SnapshotManager"]
 
@@ -131,7 +117,7 @@ class SnapshotManager:
         self.pg = pg
         self._options = dict(storage_options or {})
         self._group = resolve_group(pg, timeout_seconds=Config.resolve().collective_timeout_seconds)
-        self._records: dict[int, StepRecord | None] = {}  # rank 0: committed step -> its manager record
+        self._janitor = RootJanitor(self.root, self._options)
         self._pending: PendingSnapshot | None = None
         self._pending_step: int | None = None
         self._retention: concurrent.futures.Future[None] | None = None
@@ -143,7 +129,7 @@ class SnapshotManager:
         committed: list[int] = []
         try:
             if self._group.rank == 0:
-                committed = self._cleanup()[1].committed if cleanup_incomplete else self._listing().committed
+                committed = (self._cleanup()[1] if cleanup_incomplete else self._janitor.listing()).committed
         except Exception as exc:
             error = exc
         agreed = self._group.exchange(committed, error, "SnapshotManager: listing the root")
@@ -171,7 +157,7 @@ class SnapshotManager:
 
     def steps(self) -> list[int]:
         """The steps with a committed snapshot under the root, ascending (listed now, on this rank)."""
-        return self._listing().committed
+        return self._janitor.listing().committed
 
     def latest_step(self) -> int | None:
         """The newest committed step, or None."""
@@ -186,7 +172,7 @@ class SnapshotManager:
         """
         if self.policy.best_metric is None:
             raise ConfigError("best_step() needs best_metric: SnapshotManager(..., best_metric='val_loss')")
-        records = [r for r in self._load_records(self.steps()).values() if r is not None]
+        records = [r for r in self._janitor.load_records(self.steps()).values() if r is not None]
         best = best_steps(records, self.policy.best_metric, self.policy.best_mode, 1)
         return best[0] if best else None
 
@@ -311,7 +297,7 @@ class SnapshotManager:
         if isinstance(result, PendingSnapshot):
             self._pending, self._pending_step = result, step
         if self._group.rank == 0:
-            self._records[step] = StepRecord(step, clean)
+            self._janitor.records[step] = StepRecord(step, clean)
             pending = result if isinstance(result, PendingSnapshot) else None
             self._retention = self._background().submit(self._retain_after, pending)
         return result
@@ -375,7 +361,7 @@ class SnapshotManager:
         committed: list[int] = []
         if self._group.rank == 0:
             try:
-                committed = self._listing().committed
+                committed = self._janitor.listing().committed
             except Exception as exc:
                 error = exc
         candidates: list[int] = self._group.exchange(committed, error, "restore_latest: listing the root")[0]
@@ -421,24 +407,8 @@ class SnapshotManager:
         return self._cleanup()[0] if self._group.rank == 0 else []
 
     def _cleanup(self) -> tuple[list[int], RootListing]:
-        """:meth:`cleanup` on rank 0: the steps removed, and the listing (its committed steps are
-        still there: clean-up removes only incomplete ones)."""
-        listing, empty = self._run(_listing_and_empty_dirs, f"listing {self.root!r}")
-        removed: list[int] = []
-        for step in sorted({*listing.incomplete, *empty}):
-            if self._pending is not None and step == self._pending_step and not self._pending.done():
-                continue
-            objects = listing.steps.get(step, StepObjects(step, ()))
-            if not objects.only_ours:
-                _log.warning(
-                    "not removing %s/%s: it has no committed snapshot but holds objects snapshotkit does not write",
-                    self.root,
-                    step_dir(step),
-                )
-                continue
-            self._delete(objects, "incomplete_removed")
-            removed.append(step)
-        return removed, listing
+        writing = self._pending_step if self._pending is not None and not self._pending.done() else None
+        return self._janitor.cleanup(writing)
 
     def _retain_after(self, pending: PendingSnapshot | None) -> None:
         """Rank 0's background work after a save: once it committed, delete what the policy drops."""
@@ -447,24 +417,7 @@ class SnapshotManager:
                 pending.wait()
             except BaseException:
                 return  # the caller learns of the failure from wait() or the next save()
-        if not self.policy.deletes:
-            return
-        listing = self._listing()
-        records = self._load_records(listing.committed)
-        kept = kept_steps([r for r in records.values() if r is not None], self.policy)
-        for step, record in records.items():
-            if record is not None and step not in kept:
-                self._delete(listing.steps[step], "snapshot_deleted")
-                self._records.pop(step, None)
-
-    def _delete(self, objects: StepObjects, kind: _events.EventKind) -> None:
-        started = time.perf_counter()
-        path = self.snapshot_path(objects.step)
-        self._run(lambda plugin: delete_snapshot(plugin, objects), f"deleting {path!r}")
-        seconds = time.perf_counter() - started
-        what = "deleted the snapshot" if kind == "snapshot_deleted" else "removed the incomplete snapshot"
-        _log.info("%s %s (%d objects) in %.2f s", what, path, len(objects.locations), seconds)
-        _events.emit(kind, path=path, step=objects.step, rank=0, seconds=seconds)
+        self._janitor.retain(self.policy)
 
     # ------------------------------------------------------------------ helpers
 
@@ -491,41 +444,6 @@ class SnapshotManager:
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshotkit-retention")
         return self._worker
-
-    def _listing(self) -> RootListing:
-        return self._run(list_root, f"listing {self.root!r}")
-
-    def _load_records(self, steps: Sequence[int]) -> dict[int, StepRecord | None]:
-        """The manager records of ``steps`` (manifests read once, then cached)."""
-        missing = [s for s in steps if s not in self._records]
-        for step in missing:
-            self._records[step] = self._run(functools.partial(read_record, step=step), "reading a manifest")
-        return {s: self._records[s] for s in steps}
-
-    def _run(self, call: Callable[[StoragePlugin], Coroutine[Any, Any, T]], what: str) -> T:
-        """Run ``call`` on a plugin for the root; storage failures become a :class:`StorageError`."""
-
-        async def run() -> T:
-            plugin = open_storage_plugin(self.root, self._options)
-            try:
-                return await call(plugin)
-            finally:
-                await plugin.close()
-
-        try:
-            return run_sync(run())
-        except SnapshotkitError:
-            raise
-        except Exception as exc:
-            raise StorageError(
-                f"SnapshotManager: {what} failed: {type(exc).__name__}: {exc}. Check that the root "
-                f"{self.root!r} is reachable and that you may list and delete there"
-            ) from exc
-
-
-async def _listing_and_empty_dirs(plugin: StoragePlugin) -> tuple[RootListing, list[int]]:
-    listing = await list_root(plugin)
-    return listing, await empty_step_dirs(plugin, listing)
 
 
 def _damaged(exc: BaseException | None) -> bool:

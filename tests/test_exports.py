@@ -13,6 +13,7 @@ PUBLIC_MODULES = [
     "snapshotkit",
     "snapshotkit.errors",
     "snapshotkit.events",
+    "snapshotkit.manager",
     "snapshotkit.manifest",
     "snapshotkit.stateful",
     "snapshotkit.snapshot",

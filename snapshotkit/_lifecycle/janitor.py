@@ -1,0 +1,122 @@
+"""Rank 0's housekeeping of a manager's root: listing it, removing incomplete snapshots, retention.
+
+Every storage call opens a plugin for the root, runs, and closes it; a failure becomes a
+:class:`~snapshotkit.errors.StorageError` naming the root. Each deletion is logged at INFO and
+emitted as an event (``snapshot_deleted`` or ``incomplete_removed``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from snapshotkit import _events
+from snapshotkit._lifecycle.catalog import (
+    RootListing,
+    StepObjects,
+    delete_snapshot,
+    empty_step_dirs,
+    list_root,
+    read_record,
+    step_dir,
+)
+from snapshotkit._lifecycle.retention import RetentionPolicy, StepRecord, kept_steps
+from snapshotkit._runtime.loop import run_sync
+from snapshotkit.errors import SnapshotkitError, StorageError
+from snapshotkit.storage import StoragePlugin, open_storage_plugin
+
+T = TypeVar("T")
+_log = logging.getLogger("snapshotkit.manager")
+
+
+class RootJanitor:
+    """Lists, cleans and prunes the ``step_<n>`` snapshots under ``root`` (one per manager).
+
+    Attributes:
+        root: the root, without a trailing slash.
+        records: committed step -> the manager's record in it (None: a manager did not write it);
+            manifests are read once, then cached.
+    """
+
+    def __init__(self, root: str, storage_options: dict[str, Any]) -> None:
+        self.root = root
+        self._options = storage_options
+        self.records: dict[int, StepRecord | None] = {}
+
+    def path(self, step: int) -> str:
+        return f"{self.root}/{step_dir(step)}"
+
+    def listing(self) -> RootListing:
+        return self._run(list_root, f"listing {self.root!r}")
+
+    def cleanup(self, writing: int | None) -> tuple[list[int], RootListing]:
+        """Remove incomplete snapshots except step ``writing`` (a save in flight); the steps
+        removed, and the listing (clean-up leaves its committed steps alone)."""
+        listing, empty = self._run(_listing_and_empty_dirs, f"listing {self.root!r}")
+        removed: list[int] = []
+        for step in sorted({*listing.incomplete, *empty} - {writing}):
+            objects = listing.steps.get(step, StepObjects(step, ()))
+            if not objects.only_ours:
+                _log.warning(
+                    "not removing %s: it has no committed snapshot but holds objects snapshotkit does not write",
+                    self.path(step),
+                )
+                continue
+            self._delete(objects, "incomplete_removed")
+            removed.append(step)
+        return removed, listing
+
+    def retain(self, policy: RetentionPolicy) -> None:
+        """Delete the committed snapshots the manager wrote that ``policy`` does not keep."""
+        if not policy.deletes:
+            return
+        listing = self.listing()
+        records = self.load_records(listing.committed)
+        kept = kept_steps([r for r in records.values() if r is not None], policy)
+        for step, record in records.items():
+            if record is not None and step not in kept:
+                self._delete(listing.steps[step], "snapshot_deleted")
+                self.records.pop(step, None)
+
+    def load_records(self, steps: Sequence[int]) -> dict[int, StepRecord | None]:
+        """The manager records of ``steps``."""
+        for step in [s for s in steps if s not in self.records]:
+            self.records[step] = self._run(functools.partial(read_record, step=step), "reading a manifest")
+        return {s: self.records[s] for s in steps}
+
+    def _delete(self, objects: StepObjects, kind: _events.EventKind) -> None:
+        started = time.perf_counter()
+        path = self.path(objects.step)
+        self._run(functools.partial(delete_snapshot, objects=objects), f"deleting {path!r}")
+        seconds = time.perf_counter() - started
+        what = "deleted the snapshot" if kind == "snapshot_deleted" else "removed the incomplete snapshot"
+        _log.info("%s %s (%d objects) in %.2f s", what, path, len(objects.locations), seconds)
+        _events.emit(kind, path=path, step=objects.step, rank=0, seconds=seconds)
+
+    def _run(self, call: Callable[[StoragePlugin], Coroutine[Any, Any, T]], what: str) -> T:
+        """Run ``call`` on a plugin for the root; storage failures become a :class:`StorageError`."""
+
+        async def run() -> T:
+            plugin = open_storage_plugin(self.root, self._options)
+            try:
+                return await call(plugin)
+            finally:
+                await plugin.close()
+
+        try:
+            return run_sync(run())
+        except SnapshotkitError:
+            raise
+        except Exception as exc:
+            raise StorageError(
+                f"SnapshotManager: {what} failed: {type(exc).__name__}: {exc}. Check that the root "
+                f"{self.root!r} is reachable and that you may list and delete there"
+            ) from exc
+
+
+async def _listing_and_empty_dirs(plugin: StoragePlugin) -> tuple[RootListing, list[int]]:
+    listing = await list_root(plugin)
+    return listing, await empty_step_dirs(plugin, listing)
