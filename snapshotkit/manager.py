@@ -19,13 +19,14 @@ import concurrent.futures
 import logging
 import signal
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from snapshotkit import _events
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
-from snapshotkit._lifecycle.catalog import MANAGER_KEY, RootListing, step_dir
+from snapshotkit._lifecycle.catalog import MANAGER_KEY, RootListing, manager_record, step_dir
 from snapshotkit._lifecycle.janitor import RootJanitor
 from snapshotkit._lifecycle.preemption import PreemptionWatcher
 from snapshotkit._lifecycle.retention import RetentionPolicy, StepRecord, best_steps
@@ -36,6 +37,7 @@ from snapshotkit._lifecycle.values import (
     check_take_keywords,
     clean_metrics,
 )
+from snapshotkit._restore.partial import RestoreReport
 from snapshotkit.errors import (
     ConfigError,
     IntegrityError,
@@ -44,6 +46,7 @@ from snapshotkit.errors import (
     RankFailedError,
     SnapshotExistsError,
     SnapshotNotFoundError,
+    StateMismatchError,
     UnsafeStorageObjectError,
     UnsupportedFormatVersionError,
 )
@@ -107,7 +110,11 @@ class SnapshotManager:
         self.root = snapshot_path(root).rstrip("/")
         self.policy = RetentionPolicy(keep_last, keep_every, keep_best, best_metric, best_mode)  # type: ignore[arg-type]
         if save_interval_steps is not None:
-            check_step(save_interval_steps)
+            if isinstance(save_interval_steps, bool) or not isinstance(save_interval_steps, int):
+                raise InvalidArgumentError(
+                    f"save_interval_steps must be an int or None, got {type(save_interval_steps).__name__} "
+                    f"{save_interval_steps!r}"
+                )
             if save_interval_steps < 1:
                 raise ConfigError(f"save_interval_steps must be at least 1, got {save_interval_steps}")
         self.save_interval_steps = save_interval_steps
@@ -120,6 +127,9 @@ class SnapshotManager:
         self._janitor = RootJanitor(self.root, self._options)
         self._pending: PendingSnapshot | None = None
         self._pending_step: int | None = None
+        self._pending_for_preemption = False
+        self._retention_error: BaseException | None = None
+        self.last_restore_report: RestoreReport | None = None
         self._retention: concurrent.futures.Future[None] | None = None
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._preemption_agreed = False
@@ -135,7 +145,7 @@ class SnapshotManager:
         agreed = self._group.exchange(committed, error, "SnapshotManager: listing the root")
         self._steps: set[int] = set(agreed[0])
         self._watcher = PreemptionWatcher(signals)
-        self._watch_preemption = bool(signals)
+        weakref.finalize(self, self._watcher.close)  # a manager never closed still gives the signals back
 
     def __repr__(self) -> str:
         return f"SnapshotManager({self.root!r})"
@@ -147,7 +157,7 @@ class SnapshotManager:
         if exc_type is None:
             self.close()
         elif not self._closed:
-            self._shut_down()
+            self._shut_down(wait=False)  # another rank may be gone: wait for nobody
 
     # ------------------------------------------------------------------ what the root holds
 
@@ -196,16 +206,16 @@ class SnapshotManager:
         Raises:
             SnapshotNotFoundError: no committed snapshot for that step.
         """
-        user = self.snapshot(step).metadata.user_metadata
-        record = user.get(MANAGER_KEY)
-        return dict(record.get("metrics", {})) if isinstance(record, dict) else {}
+        record = manager_record(step, self.snapshot(step).metadata.user_metadata)
+        return dict(record.metrics) if record is not None else {}
 
     # ------------------------------------------------------------------ saving
 
     @property
     def preemption_received(self) -> bool:
-        """Whether a preemption notice arrived (on any rank, as of the last :meth:`should_save`)."""
-        return self._preemption_agreed or self._watcher.received.is_set()
+        """Whether a preemption notice arrived: with many ranks, on any rank as of the last
+        :meth:`should_save` (so every rank answers alike); on one, as soon as it arrived."""
+        return self._preemption_agreed or (not self._group.distributed and self._watcher.received.is_set())
 
     @property
     def preemption_saved(self) -> bool:
@@ -222,12 +232,13 @@ class SnapshotManager:
         arrived and was not saved for yet; never for a step that already has a snapshot.
 
         With many ranks this is collective (one all-reduce of one integer, so that every rank
-        sees a notice any rank received); call it on every rank at the same steps.
+        sees a notice any rank received, by signal or :meth:`request_preemption`); call it on
+        every rank at the same steps.
         """
         step = check_step(step)
-        notice = self._watcher.received.is_set()
-        if self._watch_preemption:
-            notice = self._group.any(notice, "SnapshotManager.should_save: agreeing on a preemption notice")
+        notice = self._group.any(
+            self._watcher.received.is_set(), "SnapshotManager.should_save: agreeing on a preemption notice"
+        )
         self._preemption_agreed = self._preemption_agreed or notice
         if step in self._steps:
             return False
@@ -254,7 +265,8 @@ class SnapshotManager:
             step: the training step (an int >= 0); the snapshot goes to ``<root>/step_<step>``.
             app_state: as for :meth:`Snapshot.take`.
             metrics: numbers to keep with the snapshot (0-d tensors are fine); ``best_metric``
-                is read from here. Values that are not finite are stored as None.
+                is read from here. None and values that are not finite are stored as None. With
+                many ranks, rank 0's metrics and metadata are the ones stored.
             metadata: more JSON-serializable user metadata for the snapshot.
             async_take: use :meth:`Snapshot.async_take` and return once the state is staged.
             take_kwargs: passed on (``replicated``, ``memory_budget_bytes``, ``include``,
@@ -269,13 +281,19 @@ class SnapshotManager:
             SnapshotkitError: the previous async save failed (its error; this save did not start),
                 or this take failed, as :meth:`Snapshot.take` raises.
         """
-        self._check_open()
-        step = check_step(step)
-        clean = clean_metrics(metrics)
-        user_metadata = check_metadata(metadata)
-        check_take_keywords(take_kwargs)
-        if not isinstance(async_take, bool):
-            raise ConfigError(f"async_take must be True or False, got {async_take!r}")
+        error: BaseException | None = None
+        try:
+            self._check_open()
+            step = check_step(step)
+            clean = clean_metrics(metrics)
+            user_metadata = check_metadata(metadata)
+            check_take_keywords(take_kwargs)
+            if not isinstance(async_take, bool):
+                raise ConfigError(f"async_take must be True or False, got {async_take!r}")
+        except Exception as exc:
+            error = exc
+        # a wrong argument on one rank makes every rank raise here, before anything is written
+        self._group.exchange(None, error, "SnapshotManager.save: checking the arguments")
         self._settle_pending()
         if step in self._steps:
             raise SnapshotExistsError(
@@ -295,11 +313,10 @@ class SnapshotManager:
         self._steps.add(step)
         self._preemption_saved = self._preemption_saved or preemption
         if isinstance(result, PendingSnapshot):
-            self._pending, self._pending_step = result, step
+            self._pending, self._pending_step, self._pending_for_preemption = result, step, preemption
         if self._group.rank == 0:
-            self._janitor.records[step] = StepRecord(step, clean)
             pending = result if isinstance(result, PendingSnapshot) else None
-            self._retention = self._background().submit(self._retain_after, pending)
+            self._retention = self._background().submit(self._retain_after, pending, StepRecord(step, clean))
         return result
 
     def wait(self) -> None:
@@ -314,6 +331,9 @@ class SnapshotManager:
             retention, self._retention = self._retention, None
             if retention is not None:
                 retention.result()
+            failed, self._retention_error = self._retention_error, None
+            if failed is not None:
+                raise failed
         except Exception as exc:
             error = exc
         self._group.exchange(None, error, "SnapshotManager.wait: finishing saves and retention")
@@ -332,22 +352,25 @@ class SnapshotManager:
         finally:
             self._shut_down()
 
-    def _shut_down(self) -> None:
+    def _shut_down(self, *, wait: bool = True) -> None:
         self._closed = True
         self._watcher.close()
         if self._worker is not None:
-            self._worker.shutdown(wait=True)
+            self._worker.shutdown(wait=wait, cancel_futures=not wait)
 
     # ------------------------------------------------------------------ resuming
 
     def restore_latest(self, app_state: AppState, **restore_kwargs: Any) -> int | None:
         """Restore the newest snapshot that is complete and restores without error; return its step.
 
-        Newest first, a snapshot whose take never committed, or whose data or manifest is damaged
-        (checksum, truncation, integrity), is skipped with a warning naming it and why, and the
-        next older one is tried; every rank moves on together. Any other failure (a state that
-        does not match, a store that cannot be reached) is raised: it would fail on every
-        snapshot alike.
+        Only committed snapshots are candidates (a take that never committed is not one). Newest
+        first, a snapshot that is gone by the time it is read, or whose data or manifest is
+        damaged (checksum, truncation, integrity), is skipped with a ``RuntimeWarning`` naming it
+        and why, and the next older one is tried; every rank moves on together. Any other
+        failure (a state that does not match, a store that cannot be reached) is raised: it
+        would fail on every snapshot alike. After a fallback, a snapshot that lacks some of the
+        state (``strict=False``) is refused with ``StateMismatchError``: the failed attempt may
+        have left its data there. ``last_restore_report`` holds the restore's report.
 
         Args:
             app_state: as for :meth:`Snapshot.restore`.
@@ -357,6 +380,9 @@ class SnapshotManager:
             The step restored, or None when the root holds nothing to resume from.
         """
         self._settle_pending()
+        retention, self._retention = self._retention, None
+        if retention is not None:
+            retention.result()  # no deletion runs while older snapshots may be read
         error: BaseException | None = None
         committed: list[int] = []
         if self._group.rank == 0:
@@ -365,11 +391,19 @@ class SnapshotManager:
             except Exception as exc:
                 error = exc
         candidates: list[int] = self._group.exchange(committed, error, "restore_latest: listing the root")[0]
+        skipped: list[int] = []
         for step in reversed(candidates):
             path = self.snapshot_path(step)
+            snapshot = Snapshot(path, pg=self.pg, storage_options=self._options)
             try:
+                opening: BaseException | None = None
+                try:
+                    snapshot.metadata  # noqa: B018 - read on every rank, then agreed on, before the restore
+                except Exception as exc:
+                    opening = exc
+                self._group.exchange(None, opening, f"restore_latest: opening the snapshot of step {step}")
                 with _events.step_scope(step):
-                    Snapshot(path, pg=self.pg, storage_options=self._options).restore(app_state, **restore_kwargs)
+                    report = snapshot.restore(app_state, **restore_kwargs)
             except Exception as exc:
                 if not self._skip_together(exc):
                     raise
@@ -379,7 +413,15 @@ class SnapshotManager:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+                skipped.append(step)
                 continue
+            self.last_restore_report = report
+            if skipped and self._group.any(bool(report.missing_keys), "restore_latest: checking the fallback"):
+                raise StateMismatchError(
+                    f"restore_latest fell back from step {skipped[0]} to step {step}, which lacks some of the state "
+                    f"({_shown_paths(report.missing_keys)} on this rank): the failed attempt may have left its data "
+                    "there. Rebuild the objects and restore again (strict=False restores only what a snapshot has)"
+                )
             self._steps.add(step)
             return step
         return None
@@ -410,14 +452,24 @@ class SnapshotManager:
         writing = self._pending_step if self._pending is not None and not self._pending.done() else None
         return self._janitor.cleanup(writing)
 
-    def _retain_after(self, pending: PendingSnapshot | None) -> None:
-        """Rank 0's background work after a save: once it committed, delete what the policy drops."""
+    def _retain_after(self, pending: PendingSnapshot | None, record: StepRecord) -> None:
+        """Rank 0's background work after a save: once it committed, delete what the policy drops.
+
+        A failure is logged at WARNING and kept for :meth:`wait` to raise (the first one)."""
         if pending is not None:
             try:
                 pending.wait()
             except BaseException:
                 return  # the caller learns of the failure from wait() or the next save()
-        self._janitor.retain(self.policy)
+        if self._closed:
+            return
+        try:
+            self._janitor.remember(record)
+            self._janitor.retain(self.policy)
+        except Exception as exc:
+            _log.warning("retention after the save of step %d failed: %s", record.step, exc, exc_info=exc)
+            if self._retention_error is None:
+                self._retention_error = exc
 
     # ------------------------------------------------------------------ helpers
 
@@ -438,6 +490,8 @@ class SnapshotManager:
         except BaseException:
             if step is not None:
                 self._steps.discard(step)
+            if self._pending_for_preemption:
+                self._preemption_saved = False  # the notice still needs its save
             raise
 
     def _background(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -456,6 +510,10 @@ def _damaged(exc: BaseException | None) -> bool:
 def _reason(exc: BaseException) -> str:
     own = exc.__cause__ if isinstance(exc, RankFailedError) and exc.__cause__ is not None else exc
     return f"{type(own).__name__}: {own}"
+
+
+def _shown_paths(paths: Sequence[str]) -> str:
+    return ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
 
 
 def _shown(steps: Sequence[int]) -> str:

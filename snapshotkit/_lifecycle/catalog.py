@@ -21,7 +21,7 @@ from typing import Any
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME
 from snapshotkit._lifecycle.retention import StepRecord
-from snapshotkit.errors import SnapshotkitError
+from snapshotkit.errors import ManifestError, SnapshotkitError
 from snapshotkit.storage import StoragePlugin
 
 #: The user-metadata key under which a manager records step, metrics and reason.
@@ -95,13 +95,27 @@ async def list_root(plugin: StoragePlugin) -> RootListing:
     return parse_listing(await plugin.list(""))
 
 
+async def _holds_only_take_dirs(plugin: StoragePlugin, step: int) -> bool:
+    """Whether the directories below ``step``'s are at most the ``data/`` a take creates."""
+    top = step_dir(step) + "/"
+    subdirs = await plugin.list_dirs(top)
+    if any(d != top + "data" for d in subdirs):
+        return False
+    return not subdirs or not await plugin.list_dirs(top + "data/")
+
+
 async def empty_step_dirs(plugin: StoragePlugin, listing: RootListing) -> list[int]:
-    """Steps whose directory holds no object at all (a file system's leftover of a take killed
-    between creating the directory and its first file)."""
+    """Steps whose directory holds no object, only (at most) the empty ``data/`` a take creates:
+    a file system's leftover of a take killed before its first file. None on stores without
+    directories. A directory holding anything else (a user's empty folders) is not listed."""
+    if not plugin.capabilities.directories:
+        return []
     steps = []
     for name in await plugin.list_dirs(""):
         match = _STEP_DIR.fullmatch(name)
-        if match is not None and int(match.group(1)) not in listing.steps:
+        if match is None or int(match.group(1)) in listing.steps:
+            continue
+        if await _holds_only_take_dirs(plugin, int(match.group(1))):
             steps.append(int(match.group(1)))
     return sorted(steps)
 
@@ -122,12 +136,18 @@ def manager_record(step: int, user_metadata: Mapping[str, Any]) -> StepRecord | 
 
 
 async def read_record(plugin: StoragePlugin, step: int) -> StepRecord | None:
-    """The manager record of ``step``'s committed snapshot; None if a manager did not write it,
-    or its manifest cannot be read or verified (then it is never treated as the manager's)."""
+    """The manager record of ``step``'s committed snapshot, read now; None if a manager did not
+    write it, or its manifest is gone or fails its checks (then it is never the manager's to
+    delete). A storage failure is raised: "unknown" must not pass for "not ours"."""
     try:
         document = await plugin.read(f"{step_dir(step)}/{METADATA_FILENAME}")
+    except FileNotFoundError as exc:
+        if isinstance(exc, SnapshotkitError):  # BucketNotFoundError: the store is missing, not the step
+            raise
+        return None
+    try:
         metadata = SnapshotMetadata.from_text(bytes(document))
-    except (SnapshotkitError, OSError, ValueError, EOFError):
+    except ManifestError:
         return None
     return manager_record(step, metadata.user_metadata)
 
@@ -136,14 +156,17 @@ async def delete_snapshot(plugin: StoragePlugin, objects: StepObjects) -> None:
     """Delete what a take wrote below ``objects.step``, crash-safely.
 
     The manifest goes first, so a deletion cut short leaves a directory that never opens as a
-    snapshot (and that the next clean-up removes). Objects a take does not write stay.
+    snapshot (and that the next clean-up removes). Objects a take does not write stay, and so do
+    directories it does not create.
     """
-    manifest = f"{step_dir(objects.step)}/{METADATA_FILENAME}"
+    prefix = step_dir(objects.step) + "/"
+    manifest = prefix + METADATA_FILENAME
     if manifest in objects.locations:
         with contextlib.suppress(FileNotFoundError):
             await plugin.delete(manifest)
     if objects.only_ours:
-        await plugin.delete_prefix(step_dir(objects.step) + "/")
-        return
-    prefix = step_dir(objects.step) + "/"
-    await plugin.discard([loc for loc in objects.locations if _OWN_OBJECT.fullmatch(loc.removeprefix(prefix))])
+        await plugin.delete_prefix(prefix)
+    else:
+        await plugin.discard([loc for loc in objects.locations if _OWN_OBJECT.fullmatch(loc.removeprefix(prefix))])
+    if plugin.capabilities.directories and await _holds_only_take_dirs(plugin, objects.step):
+        await plugin.remove_empty_dirs(prefix)

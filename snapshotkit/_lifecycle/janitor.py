@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
@@ -35,16 +36,17 @@ _log = logging.getLogger("snapshotkit.manager")
 class RootJanitor:
     """Lists, cleans and prunes the ``step_<n>`` snapshots under ``root`` (one per manager).
 
-    Attributes:
-        root: the root, without a trailing slash.
-        records: committed step -> the manager's record in it (None: a manager did not write it);
-            manifests are read once, then cached.
+    Thread-safe: the manager's background retention and its caller's thread share one instance;
+    clean-up and retention run one at a time.
     """
 
     def __init__(self, root: str, storage_options: dict[str, Any]) -> None:
         self.root = root
         self._options = storage_options
-        self.records: dict[int, StepRecord | None] = {}
+        self._lock = threading.RLock()
+        # committed step -> the manager's record in it (None: not the manager's); cached once
+        # read or once committed by this manager, dropped when deleted
+        self._records: dict[int, StepRecord | None] = {}
 
     def path(self, step: int) -> str:
         return f"{self.root}/{step_dir(step)}"
@@ -52,40 +54,54 @@ class RootJanitor:
     def listing(self) -> RootListing:
         return self._run(list_root, f"listing {self.root!r}")
 
+    def remember(self, record: StepRecord) -> None:
+        """``record``'s snapshot was just committed by this manager."""
+        with self._lock:
+            self._records[record.step] = record
+
     def cleanup(self, writing: int | None) -> tuple[list[int], RootListing]:
         """Remove incomplete snapshots except step ``writing`` (a save in flight); the steps
         removed, and the listing (clean-up leaves its committed steps alone)."""
-        listing, empty = self._run(_listing_and_empty_dirs, f"listing {self.root!r}")
-        removed: list[int] = []
-        for step in sorted({*listing.incomplete, *empty} - {writing}):
-            objects = listing.steps.get(step, StepObjects(step, ()))
-            if not objects.only_ours:
-                _log.warning(
-                    "not removing %s: it has no committed snapshot but holds objects snapshotkit does not write",
-                    self.path(step),
-                )
-                continue
-            self._delete(objects, "incomplete_removed")
-            removed.append(step)
-        return removed, listing
+        with self._lock:
+            listing, empty = self._run(_listing_and_empty_dirs, f"listing {self.root!r}")
+            removed: list[int] = []
+            for step in sorted({*listing.incomplete, *empty} - {writing}):
+                objects = listing.steps.get(step, StepObjects(step, ()))
+                if not objects.only_ours:
+                    _log.warning(
+                        "not removing %s: it has no committed snapshot but holds objects snapshotkit does not write",
+                        self.path(step),
+                    )
+                    continue
+                self._delete(objects, "incomplete_removed")
+                removed.append(step)
+            return removed, listing
 
     def retain(self, policy: RetentionPolicy) -> None:
-        """Delete the committed snapshots the manager wrote that ``policy`` does not keep."""
+        """Delete the committed snapshots the manager wrote that ``policy`` does not keep.
+
+        Each one is read again right before it is deleted: it is deleted only if its manifest
+        still says this manager wrote it for that step.
+        """
         if not policy.deletes:
             return
-        listing = self.listing()
-        records = self.load_records(listing.committed)
-        kept = kept_steps([r for r in records.values() if r is not None], policy)
-        for step, record in records.items():
-            if record is not None and step not in kept:
-                self._delete(listing.steps[step], "snapshot_deleted")
-                self.records.pop(step, None)
+        with self._lock:
+            listing = self.listing()
+            records = self.load_records(listing.committed)
+            kept = kept_steps([r for r in records.values() if r is not None], policy)
+            for step, record in records.items():
+                if record is None or step in kept:
+                    continue
+                if self._run(functools.partial(read_record, step=step), "reading a manifest") == record:
+                    self._delete(listing.steps[step], "snapshot_deleted")
+                self._records.pop(step, None)
 
     def load_records(self, steps: Sequence[int]) -> dict[int, StepRecord | None]:
-        """The manager records of ``steps``."""
-        for step in [s for s in steps if s not in self.records]:
-            self.records[step] = self._run(functools.partial(read_record, step=step), "reading a manifest")
-        return {s: self.records[s] for s in steps}
+        """The manager records of ``steps`` (each manifest read once, then cached)."""
+        with self._lock:
+            for step in [s for s in steps if s not in self._records]:
+                self._records[step] = self._run(functools.partial(read_record, step=step), "reading a manifest")
+            return {s: self._records.get(s) for s in steps}
 
     def _delete(self, objects: StepObjects, kind: _events.EventKind) -> None:
         started = time.perf_counter()

@@ -6,13 +6,17 @@ it through ``SnapshotManager.should_save`` and saves at the next step boundary, 
 the handler (a snapshot taken from a signal handler could catch a half-updated model).
 
 IMPORTANT: a previous Python handler keeps running (it is chained). The default action of
-SIGTERM (terminate at once) is *not* run: the point is to survive the signal long enough to
-save. The manager's ``close()`` puts the previous handlers back.
+SIGTERM (terminate at once) is *not* run while the watcher is open: the point is to survive the
+signal long enough to save. Once closed, the watcher puts the previous handler back if its own is
+still installed; if another handler was installed over it meanwhile (a second manager), its
+handler stays reachable from that one and passes every signal on to the previous handler, the
+default action included, so closing managers in any order never leaves a signal swallowed.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -28,14 +32,13 @@ class PreemptionWatcher:
     """Records the signals in ``signals`` once installed (a no-op off the main thread).
 
     Attributes:
-        received: set once one of the signals arrived.
-        signum: the last signal received (None before).
+        received: set once one of the signals arrived (or :meth:`request` was called).
     """
 
     def __init__(self, signals: Sequence[int]) -> None:
         self.received = threading.Event()
-        self.signum: int | None = None
         self._previous: dict[int, Handler] = {}
+        self._closed = False
         if not signals:
             return
         if threading.current_thread() is not threading.main_thread():
@@ -48,22 +51,34 @@ class PreemptionWatcher:
             self._previous[number] = signal.signal(number, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
-        self.received.set()
-        _log.info("received %s: the next should_save() is true so the loop saves", signal.Signals(signum).name)
+        self._dispatch(signum, frame, surviving=False)
+
+    def _dispatch(self, signum: int, frame: FrameType | None, *, surviving: bool) -> None:
+        """Record the signal if open, then pass it down the chain of previous handlers. Once an
+        open watcher saw it (``surviving``), the default action at the end of the chain is not run."""
+        if not self._closed:
+            self.received.set()
+            _log.info("received %s: the next should_save() is true so the loop saves", signal.Signals(signum).name)
+            surviving = True
         previous = self._previous.get(signum)
-        if callable(previous):
+        owner = getattr(previous, "__self__", None)
+        if isinstance(owner, PreemptionWatcher):
+            owner._dispatch(signum, frame, surviving=surviving)
+        elif callable(previous):
             previous(signum, frame)
+        elif not surviving and previous in (signal.SIG_DFL, None):
+            signal.signal(signum, signal.SIG_DFL)  # as if never installed: the default action
+            os.kill(os.getpid(), signum)
 
     def request(self) -> None:
         """Record a preemption notice without a signal (for schedulers that announce it otherwise)."""
         self.received.set()
 
     def close(self) -> None:
-        """Put the previous handlers back where ours are still installed; idempotent."""
+        """Stop recording; put the previous handlers back where ours are still installed. Idempotent."""
+        self._closed = True
         if threading.current_thread() is not threading.main_thread():
             return
         for number, previous in self._previous.items():
             if signal.getsignal(number) == self._handle:
                 signal.signal(number, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()

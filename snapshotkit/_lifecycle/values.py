@@ -35,8 +35,8 @@ def check_step(step: object) -> int:
 
 
 def clean_metrics(metrics: object) -> dict[str, float | None]:
-    """``metrics`` as ``{name: float}``; 0-d tensors and NumPy scalars become floats, and values
-    that are not finite become None (stored, but never ranked as best)."""
+    """``metrics`` as ``{name: float | None}``; 0-d tensors and NumPy scalars become floats, and
+    None or values that are not finite stay or become None (stored, never ranked as best)."""
     if metrics is None:
         return {}
     if not isinstance(metrics, Mapping):
@@ -45,7 +45,10 @@ def clean_metrics(metrics: object) -> dict[str, float | None]:
     for name, value in metrics.items():
         if not isinstance(name, str):
             raise InvalidArgumentError(f"metric names must be str, got {type(name).__name__} {name!r}")
-        if isinstance(value, bool) or value is None:
+        if value is None:  # e.g. a validation loss only rank 0 computed: only rank 0's metrics are stored
+            clean[name] = None
+            continue
+        if isinstance(value, bool):
             raise ConfigError(f"metric {name!r} is {value!r}; pass a number (a float, int or 0-d tensor)")
         try:
             number = float(value)

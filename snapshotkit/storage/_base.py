@@ -42,12 +42,15 @@ class Capabilities:
         own_retries: the plugin (or its client library) already retries transient failures of
             each request; snapshotkit's retry layer then passes its calls through untouched, so
             attempts never multiply (GCS: gcsfs retries).
+        directories: the store has real directories, which can exist empty (a file system):
+            ``list_dirs`` names empty ones too and ``remove_empty_dirs`` removes them.
     """
 
     atomic_exclusive_write: bool = False
     listing: bool = False
     zero_copy_read_into: bool = False
     own_retries: bool = False
+    directories: bool = False
 
 
 def as_buffers(data: Buffer | Sequence[Buffer]) -> list[memoryview]:
@@ -166,6 +169,11 @@ class StoragePlugin(abc.ABC):
             if slash:  # an object below a directory, not one directly under the prefix
                 found.add(prefix + head)
         return sorted(found)
+
+    async def remove_empty_dirs(self, prefix: str) -> None:
+        """Remove the directory ``prefix`` (ending in ``/``) names and the directories below it,
+        deepest first, where they hold nothing. A no-op for stores without directories."""
+        return None
 
     async def delete_prefix(self, prefix: str) -> None:
         """Delete every object under ``prefix``; nothing there is not an error."""

@@ -124,7 +124,7 @@ def _opened_path(fd: int) -> str | None:
 class FSStoragePlugin(StoragePlugin):
     """Snapshot objects as files below a root directory."""
 
-    capabilities = Capabilities(atomic_exclusive_write=True, listing=True, zero_copy_read_into=True)
+    capabilities = Capabilities(atomic_exclusive_write=True, listing=True, zero_copy_read_into=True, directories=True)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -323,23 +323,23 @@ class FSStoragePlugin(StoragePlugin):
             with contextlib.suppress(OSError):
                 directory.rmdir()
 
-    def _remove_emptied_dirs(self, prefix: str) -> None:
-        """When ``prefix`` names a directory (``"step_10/"``), remove it and the directories below
-        it that are empty now, deepest first; a directory still holding anything stays."""
+    def _remove_empty_dirs_blocking(self, prefix: str) -> None:
         if not prefix.endswith("/") or not prefix.strip("/"):
-            return
+            raise ValueError(f"remove_empty_dirs takes a directory prefix ending in '/', got {prefix!r}")
         top = self.root / prefix.rstrip("/")
         if top.is_symlink() or not top.is_dir():
             return
         for dirpath, _dirnames, _filenames in os.walk(top, topdown=False):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # not empty: it stays
                 os.rmdir(dirpath)
         _fsync_dir(top.parent)
+
+    async def remove_empty_dirs(self, prefix: str) -> None:
+        await to_thread(self._remove_empty_dirs_blocking, prefix)
 
     async def delete_prefix(self, prefix: str) -> None:
         await super().delete_prefix(prefix)
         await to_thread(self._remove_empty_dirs)
-        await to_thread(self._remove_emptied_dirs, prefix)
 
     async def discard(self, locations: Sequence[str]) -> None:
         await super().discard(locations)

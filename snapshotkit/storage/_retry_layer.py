@@ -104,6 +104,9 @@ class RetryingStoragePlugin(StoragePlugin):
                 raise
             # An earlier attempt failed transiently: it may have deleted the object, its answer lost.
 
+    async def remove_empty_dirs(self, prefix: str) -> None:
+        await self._retry("delete_prefix", prefix, lambda: self.plugin.remove_empty_dirs(prefix))
+
     async def delete_prefix(self, prefix: str) -> None:
         await self._retry("delete_prefix", prefix, lambda: self.plugin.delete_prefix(prefix))
 

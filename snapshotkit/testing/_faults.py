@@ -156,6 +156,9 @@ class FaultInjectingPlugin(StoragePlugin):
     async def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         return await self._call("list", prefix, lambda: self.plugin.list_dirs(prefix))
 
+    async def remove_empty_dirs(self, prefix: str) -> None:
+        await self._call("delete_prefix", prefix, lambda: self.plugin.remove_empty_dirs(prefix))
+
     async def delete_prefix(self, prefix: str) -> None:
         await self._call("delete_prefix", prefix, lambda: self.plugin.delete_prefix(prefix))
 

@@ -258,6 +258,29 @@ def test_retention_never_deletes_what_the_manager_did_not_write(tmp_path: Path, 
     assert deleted == [("snapshot_deleted", s, f"{tmp_path}/step_{s}") for s in (3, 4)]
 
 
+def test_foreign_empty_directories_in_a_step_directory_survive(tmp_path: Path) -> None:
+    (tmp_path / "step_5" / "tensorboard" / "run1").mkdir(parents=True)  # a user's, empty
+    (tmp_path / "step_6" / "data").mkdir(parents=True)  # what a take killed at once leaves
+    with SnapshotManager(str(tmp_path), keep_last=1) as mgr:
+        assert mgr.cleanup() == []
+    assert (tmp_path / "step_5" / "tensorboard" / "run1").is_dir()
+    assert not (tmp_path / "step_6").exists()
+
+
+def test_a_snapshot_replaced_after_it_was_listed_is_not_deleted(tmp_path: Path) -> None:
+    with SnapshotManager(str(tmp_path), keep_last=1) as mgr:
+        mgr.save(1, {"s": StateDict(a=1)})
+        mgr.wait()
+        # someone replaces step 1 with a snapshot of their own; the manager has step 1 cached as its own
+        for path in sorted((tmp_path / "step_1").rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        Snapshot.take(str(tmp_path / "step_1"), {"s": StateDict(theirs=True)})
+        mgr.save(2, {"s": StateDict(a=2)})
+        mgr.wait()
+        assert mgr.steps() == [1, 2]
+    assert Snapshot(str(tmp_path / "step_1")).read_object("s/theirs") is True
+
+
 def test_deletion_cut_short_never_opens_and_is_cleaned_up(tmp_path: Path) -> None:
     take_steps(str(tmp_path), [1, 2])
     # the state a deletion leaves when killed right after its first step: no manifest

@@ -114,3 +114,30 @@ def test_two_ranks_agree_on_steps_and_fall_back_together(tmp_path: Path) -> None
     assert [r["local"] for r in results] == [{"rank": 0, "step": 4}, {"rank": 1, "step": 4}]
     assert [r["t"] for r in results] == [4.0, 4.0]
     assert [r["weight_is_step_4"] for r in results] == [True, True]
+
+
+def _ranks_one_rank_errs(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    outcome: dict[str, Any] = {}
+    with SnapshotManager(root, preemption_signals=()) as mgr:
+        # a wrong argument on rank 1 only: every rank raises, nothing is written
+        try:
+            mgr.save(1, {"s": StateDict(rank=rank)}, metrics={"loss": "high" if rank == 1 else 0.5})
+        except Exception as exc:
+            outcome["save"] = type(exc).__name__
+        # a preemption notice requested on rank 0 only, no signals watched: every rank saves
+        if rank == 0:
+            mgr.request_preemption()
+        outcome["should_save"] = mgr.should_save(2)
+        if outcome["should_save"]:
+            mgr.save(2, {"s": StateDict(rank=rank)})
+        mgr.wait()
+        outcome["steps"] = mgr.steps()
+    return outcome
+
+
+@pytest.mark.slow
+def test_two_ranks_raise_together_and_agree_on_a_one_rank_notice(tmp_path: Path) -> None:
+    results = run_ranks(2, _ranks_one_rank_errs, str(tmp_path / "run"))
+    assert [r["save"] for r in results] == ["RankFailedError", "ConfigError"]
+    assert [r["should_save"] for r in results] == [True, True]
+    assert [r["steps"] for r in results] == [[2], [2]]

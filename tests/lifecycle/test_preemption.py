@@ -45,6 +45,27 @@ def test_a_signal_makes_the_next_should_save_true_once() -> None:
         signal.signal(signal.SIGUSR1, before)
 
 
+def test_managers_closed_in_any_order_never_swallow_a_signal() -> None:
+    calls: list[int] = []
+
+    def original(signum: int, frame: Any) -> None:
+        calls.append(signum)
+
+    before = signal.signal(signal.SIGUSR1, original)
+    try:
+        first = SnapshotManager(memory_root("first"), preemption_signals=(signal.SIGUSR1,))
+        second = SnapshotManager(memory_root("second"), preemption_signals=(signal.SIGUSR1,))
+        first.close()  # not the installed handler any more: it stays in the chain, passing signals on
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert calls == [signal.SIGUSR1]
+        assert second.preemption_received and not first.preemption_received
+        second.close()  # puts back first's handler, which is closed: it passes on to the original
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert calls == [signal.SIGUSR1, signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
 def test_request_preemption_and_no_signals() -> None:
     before = signal.getsignal(signal.SIGTERM)
     with SnapshotManager(memory_root("manual"), preemption_signals=()) as mgr:
