@@ -170,6 +170,9 @@ def test_ctrl_c_during_take_deletes_what_it_wrote_before_raising(tmp_path: Path,
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
 
     interrupter = threading.Thread(target=press_ctrl_c)
+    # A process started in the background by a non-interactive shell ignores SIGINT (and Python
+    # then installs no KeyboardInterrupt handler): install it, or the interrupt never arrives.
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupter.start()
     path = tmp_path / "snap"
     try:
@@ -181,6 +184,7 @@ def test_ctrl_c_during_take_deletes_what_it_wrote_before_raising(tmp_path: Path,
         armed = False
         stalled.set()
         interrupter.join()
+        signal.signal(signal.SIGINT, previous_sigint)
         _registry._registered.pop("stalling", None)
 
     assert max(p.started for p in plugins) == 3  # two data objects were written, the third stalled
