@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from snapshotkit import _events
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
+from snapshotkit._lifecycle import fallback
 from snapshotkit._lifecycle.catalog import MANAGER_KEY, RootListing, manager_record, step_dir
 from snapshotkit._lifecycle.janitor import RootJanitor
 from snapshotkit._lifecycle.preemption import PreemptionWatcher
@@ -40,15 +41,10 @@ from snapshotkit._lifecycle.values import (
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit.errors import (
     ConfigError,
-    IntegrityError,
     InvalidArgumentError,
-    ManifestError,
-    RankFailedError,
     SnapshotExistsError,
     SnapshotNotFoundError,
     StateMismatchError,
-    UnsafeStorageObjectError,
-    UnsupportedFormatVersionError,
 )
 from snapshotkit.snapshot import PendingSnapshot, Snapshot
 from snapshotkit.stateful import AppState
@@ -196,7 +192,8 @@ class SnapshotManager:
         steps = self.steps()
         if step not in steps:
             raise SnapshotNotFoundError(
-                f"no committed snapshot for step {step} under {self.root!r}; committed steps: {_shown(steps)}"
+                f"no committed snapshot for step {step} under {self.root!r}; "
+                f"committed steps: {fallback.shown_steps(steps)}"
             )
         return Snapshot(self.snapshot_path(step), pg=self.pg, storage_options=self._options)
 
@@ -408,7 +405,7 @@ class SnapshotManager:
                 if not self._skip_together(exc):
                     raise
                 warnings.warn(
-                    f"restore_latest: skipping the snapshot of step {step} at {path!r}: {_reason(exc)}; "
+                    f"restore_latest: skipping the snapshot of step {step} at {path!r}: {fallback.reason(exc)}; "
                     "trying the next older one",
                     RuntimeWarning,
                     stacklevel=2,
@@ -419,8 +416,8 @@ class SnapshotManager:
             if skipped and self._group.any(bool(report.missing_keys), "restore_latest: checking the fallback"):
                 raise StateMismatchError(
                     f"restore_latest fell back from step {skipped[0]} to step {step}, which lacks some of the state "
-                    f"({_shown_paths(report.missing_keys)} on this rank): the failed attempt may have left its data "
-                    "there. Rebuild the objects and restore again (strict=False restores only what a snapshot has)"
+                    f"({fallback.shown_paths(report.missing_keys)} on this rank): the failed attempt may have left "
+                    "its data there. Rebuild the objects and restore again (strict=False restores only what a snapshot has)"
                 )
             self._steps.add(step)
             return step
@@ -428,14 +425,10 @@ class SnapshotManager:
 
     def _skip_together(self, exc: BaseException) -> bool:
         """Whether every rank skips the snapshot that raised ``exc`` here (all ranks agree)."""
-        own = exc.__cause__ if isinstance(exc, RankFailedError) else exc
-        verdict = "follow" if isinstance(exc, RankFailedError) and own is None else "skip" if _damaged(own) else "raise"
+        mine = fallback.verdict(exc)
         if not self._group.distributed:
-            return verdict == "skip"
-        verdicts = self._group.exchange(verdict, None, "restore_latest: agreeing to skip a snapshot")
-        return "raise" not in verdicts and "skip" in verdicts
-
-    # ------------------------------------------------------------------ clean-up and retention
+            return mine == "skip"
+        return fallback.skip_agreed(self._group.exchange(mine, None, "restore_latest: agreeing to skip a snapshot"))
 
     def cleanup(self) -> list[int]:
         """Remove incomplete snapshots (takes that never committed, deletions cut short); rank 0 only.
@@ -498,25 +491,3 @@ class SnapshotManager:
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshotkit-retention")
         return self._worker
-
-
-def _damaged(exc: BaseException | None) -> bool:
-    """Whether ``exc`` says the snapshot itself is incomplete or damaged (not the state or the store)."""
-    if exc is None or isinstance(exc, UnsupportedFormatVersionError):
-        return False
-    return isinstance(exc, (SnapshotNotFoundError, ManifestError, IntegrityError, UnsafeStorageObjectError))
-
-
-def _reason(exc: BaseException) -> str:
-    own = exc.__cause__ if isinstance(exc, RankFailedError) and exc.__cause__ is not None else exc
-    return f"{type(own).__name__}: {own}"
-
-
-def _shown_paths(paths: Sequence[str]) -> str:
-    return ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-
-
-def _shown(steps: Sequence[int]) -> str:
-    if not steps:
-        return "none"
-    return ", ".join(map(str, steps[:10])) + (f" ... ({len(steps)} in all)" if len(steps) > 10 else "")
