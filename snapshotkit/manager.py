@@ -417,7 +417,8 @@ class SnapshotManager:
                 raise StateMismatchError(
                     f"restore_latest fell back from step {skipped[0]} to step {step}, which lacks some of the state "
                     f"({fallback.shown_paths(report.missing_keys)} on this rank): the failed attempt may have left "
-                    "its data there. Rebuild the objects and restore again (strict=False restores only what a snapshot has)"
+                    "its data there. Rebuild the objects and restore again (strict=False restores only what a "
+                    "snapshot has)"
                 )
             self._steps.add(step)
             return step
