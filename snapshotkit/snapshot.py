@@ -9,11 +9,12 @@ from typing import Any, TypeVar
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import Entry
+from snapshotkit._format.entries import Entry, escape_key
 from snapshotkit._restore import engine as restore_engine
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._take import engine as take_engine
 from snapshotkit._take.collect import TensorPrepareFunc
+from snapshotkit.errors import InvalidArgumentError
 from snapshotkit.stateful import AppState
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
@@ -335,6 +336,48 @@ class Snapshot:
             weights_only=weights_only,
         )
         return result
+
+    def get_state_dict_for_key(
+        self,
+        key: str,
+        *,
+        memory_budget_bytes: int | None = None,
+        weights_only: bool = True,
+        verify_checksums: bool | None = None,
+    ) -> Any:
+        """The state dict saved for one ``app_state`` key, without loading it into anything.
+
+        It is what :meth:`restore` would hand to that object's ``load_state_dict()`` (containers
+        rebuilt, tensors on the CPU), and only that key's bytes are read.
+
+        Args:
+            key: an ``app_state`` key as passed to :meth:`take` (``"model"``; not escaped).
+            memory_budget_bytes: see :meth:`read_object`.
+            weights_only: see :meth:`restore`.
+            verify_checksums: see :meth:`restore`.
+
+        Returns:
+            The saved state dict (a ``dict`` or ``OrderedDict`` for modules, optimizers and
+            :class:`~snapshotkit.StateDict`; whatever ``state_dict()`` returned otherwise).
+
+        Raises:
+            InvalidArgumentError: ``key`` is not a ``str``.
+            LogicalPathNotFoundError: the snapshot has no such key for this rank (the message
+                lists close matches).
+            IntegrityError: stored bytes are corrupt or truncated.
+            StorageError: the store failed (the plugin's error is the cause).
+        """
+        if not isinstance(key, str):
+            raise InvalidArgumentError(
+                f"get_state_dict_for_key takes an app_state key as a str (e.g. 'model'), got "
+                f"{type(key).__name__} {key!r}"
+            )
+        return self.read_object(
+            escape_key(key),
+            memory_budget_bytes=memory_budget_bytes,
+            weights_only=weights_only,
+            verify_checksums=verify_checksums,
+        )
 
 
 class PendingSnapshot:
