@@ -5,6 +5,9 @@ from snapshotkit import Snapshot, StateDict, RNGState
 snapshot = Snapshot.take("/ckpt/step_1000", {"model": model, "optim": optim, "rng": RNGState()})
 report = Snapshot("/ckpt/step_1000").restore({"model": model, "optim": optim, "rng": RNGState()})
 weight = Snapshot("/ckpt/step_1000").read_object("model/layer1.weight")
+
+Code written for torchsnapshot runs with ``import snapshotkit as torchsnapshot``: the names it
+exports are exported here and take the same arguments (``docs/torchsnapshot.md``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,14 @@ tensors and objects. Tensors and objects point at *pieces*: a byte range of a da
 a checksum. ``docs/format.md`` is the normative description; the implementation lives in
 ``snapshotkit._format``.
 
+For code written against ``torchsnapshot.manifest``, entries also answer to torchsnapshot's
+attribute names where they mean the same thing, as read-only properties: ``type`` on every
+entry (``"Tensor"``, ``"ShardedTensor"``, ``"object"``, ``"dict"``, ``"OrderedDict"``,
+``"list"``, a primitive's type name; ``"tuple"`` for ours), ``TensorEntry.location``,
+``byte_range`` and ``byte_range_tuple`` (for a tensor stored in one piece),
+``ObjectEntry.location`` and ``serializer``, ``PrimitiveEntry.readable`` and ``get_value()``.
+``docs/torchsnapshot.md`` lists what differs.
+
 :func:`encode_document` and :func:`decode_document` are the one codec for the raw document
 (a JSON object): they add and verify the integrity line every manifest carries from format
 version 3, and parse strictly, without semantic validation. Tools use them to read or write a

@@ -9,10 +9,12 @@ from typing import Any, TypeVar
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import Entry
+from snapshotkit._format.entries import Entry, escape_key
 from snapshotkit._restore import engine as restore_engine
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._take import engine as take_engine
+from snapshotkit._take.collect import TensorPrepareFunc
+from snapshotkit.errors import InvalidArgumentError
 from snapshotkit.stateful import AppState
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
@@ -27,6 +29,9 @@ class Snapshot:
     ``Snapshot(path)`` is cheap: the manifest is read on first use. Use :meth:`take` to create
     one; :meth:`restore` and :meth:`read_object` to get state back.
 
+    The constructor and the methods take torchsnapshot's arguments in torchsnapshot's order,
+    positionally too; snapshotkit's own options follow them, keyword-only.
+
     Args:
         path: where the snapshot lives: ``/local/dir``, ``file:///dir``, ``memory://name``, or
             any scheme a registered storage plugin serves (a ``str`` or ``os.PathLike``; a local
@@ -36,7 +41,7 @@ class Snapshot:
         storage_options: passed to the storage plugin (credentials, endpoints...).
     """
 
-    def __init__(self, path: str, *, pg: Any | None = None, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: str, pg: Any | None = None, storage_options: dict[str, Any] | None = None) -> None:
         self.path = snapshot_path(path)
         self.pg = pg
         self._storage_options = dict(storage_options or {})
@@ -50,10 +55,11 @@ class Snapshot:
         cls,
         path: str,
         app_state: AppState,
-        *,
         pg: Any | None = None,
         replicated: Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
+        _custom_tensor_prepare_func: TensorPrepareFunc | None = None,
+        *,
         memory_budget_bytes: int | None = None,
         metadata: Mapping[str, Any] | None = None,
         include: Sequence[str] | None = None,
@@ -75,6 +81,14 @@ class Snapshot:
                 that every rank holds alike are written once, spread over the ranks. State of
                 ``DistributedDataParallel`` modules is inferred replicated.
             storage_options: passed to the storage plugin.
+            _custom_tensor_prepare_func: torchsnapshot's hook to change what is stored for a
+                tensor, ``func(logical_path, tensor, tracing) -> tensor`` (e.g. a cast to
+                ``bfloat16`` for storage). For every tensor leaf (every local shard of a
+                sharded tensor) it is called with ``tracing=True``, where only the dtype and
+                shape of the result matter, then with ``tracing=False``: that result is stored,
+                under the tensor's logical path, in its dtype. It may change the dtype, not the
+                shape. It runs on the calling thread before anything is written (also for
+                :meth:`async_take`), and the results are held until they are staged.
             memory_budget_bytes: host bytes the pipeline may hold at once (default:
                 ``SNAPSHOTKIT_MEMORY_BUDGET_BYTES``, else 60% of available RAM, at most 32 GiB).
             metadata: your own JSON object, stored in the manifest and returned by
@@ -100,14 +114,17 @@ class Snapshot:
         Raises:
             SnapshotExistsError: ``path`` already holds a snapshot (it is never overwritten).
             InvalidArgumentError: ``path`` is not a ``str`` or ``os.PathLike``; ``metadata`` is not
-                a mapping; ``include`` or ``exclude`` is not a list of ``str`` patterns.
+                a mapping; ``include`` or ``exclude`` is not a list of ``str`` patterns;
+                ``_custom_tensor_prepare_func`` is not callable.
             ConfigError: ``path`` is empty (or an argument is out of range); ``metadata`` holds a
                 key that is not a ``str``, a value that is not JSON (NaN and infinity included), or
                 is too large or deep (the message names the key path); ``include``/``exclude``
                 select nothing of a non-empty state.
             InvalidAppStateError: an ``app_state`` value is not Stateful.
             UnsupportedValueError: a leaf cannot be stored (unpicklable, meta tensor), or
-                containers nest deeper than 1,000 levels.
+                containers nest deeper than 1,000 levels; ``_custom_tensor_prepare_func``
+                returned something other than a tensor of the leaf's shape (or another dtype
+                with ``tracing=False`` than with ``tracing=True``).
             StorageError: the store failed (the plugin's error is the cause).
             RankFailedError: another rank failed (its error is the cause); nothing was committed.
             CollectiveTimeoutError: other ranks did not reach a step of the take in time.
@@ -126,6 +143,7 @@ class Snapshot:
             user_metadata=metadata,
             include=include,
             exclude=exclude,
+            tensor_prepare_func=_custom_tensor_prepare_func,
         )
         snapshot = cls(target, pg=pg, storage_options=options)
         snapshot._metadata = committed  # None on ranks other than 0: read on first use
@@ -136,10 +154,11 @@ class Snapshot:
         cls,
         path: str,
         app_state: AppState,
-        *,
         pg: Any | None = None,
         replicated: Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
+        _custom_tensor_prepare_func: TensorPrepareFunc | None = None,
+        *,
         memory_budget_bytes: int | None = None,
         executor: str = "thread",
         metadata: Mapping[str, Any] | None = None,
@@ -182,6 +201,7 @@ class Snapshot:
             user_metadata=metadata,
             include=include,
             exclude=exclude,
+            tensor_prepare_func=_custom_tensor_prepare_func,
         )
         return PendingSnapshot(job, cls(job.path, pg=pg, storage_options=options))
 
@@ -213,8 +233,8 @@ class Snapshot:
     def restore(
         self,
         app_state: AppState,
-        *,
         strict: bool = True,
+        *,
         memory_budget_bytes: int | None = None,
         weights_only: bool = True,
         verify_checksums: bool | None = None,
@@ -279,8 +299,8 @@ class Snapshot:
         self,
         path: str,
         obj_out: T | None = None,
-        *,
         memory_budget_bytes: int | None = None,
+        *,
         weights_only: bool = True,
         verify_checksums: bool | None = None,
     ) -> T:
@@ -317,16 +337,60 @@ class Snapshot:
         )
         return result
 
+    def get_state_dict_for_key(
+        self,
+        key: str,
+        *,
+        memory_budget_bytes: int | None = None,
+        weights_only: bool = True,
+        verify_checksums: bool | None = None,
+    ) -> Any:
+        """The state dict saved for one ``app_state`` key, without loading it into anything.
+
+        It is what :meth:`restore` would hand to that object's ``load_state_dict()`` (containers
+        rebuilt, tensors on the CPU), and only that key's bytes are read.
+
+        Args:
+            key: an ``app_state`` key as passed to :meth:`take` (``"model"``; not escaped).
+            memory_budget_bytes: see :meth:`read_object`.
+            weights_only: see :meth:`restore`.
+            verify_checksums: see :meth:`restore`.
+
+        Returns:
+            The saved state dict (a ``dict`` or ``OrderedDict`` for modules, optimizers and
+            :class:`~snapshotkit.StateDict`; whatever ``state_dict()`` returned otherwise).
+
+        Raises:
+            InvalidArgumentError: ``key`` is not a ``str``.
+            LogicalPathNotFoundError: the snapshot has no such key for this rank (the message
+                lists close matches).
+            IntegrityError: stored bytes are corrupt or truncated.
+            StorageError: the store failed (the plugin's error is the cause).
+        """
+        if not isinstance(key, str):
+            raise InvalidArgumentError(
+                f"get_state_dict_for_key takes an app_state key as a str (e.g. 'model'), got "
+                f"{type(key).__name__} {key!r}"
+            )
+        return self.read_object(
+            escape_key(key),
+            memory_budget_bytes=memory_budget_bytes,
+            weights_only=weights_only,
+            verify_checksums=verify_checksums,
+        )
+
 
 class PendingSnapshot:
     """A snapshot being written in the background; :meth:`wait` gives the committed :class:`Snapshot`.
 
     Attributes:
         path: where the snapshot is being written (rank 0's path).
+        pg: the process group of the take.
     """
 
     def __init__(self, job: take_engine.TakeJob, snapshot: Snapshot) -> None:
         self.path = job.path
+        self.pg = snapshot.pg
         self._job = job
         self._snapshot = snapshot
 

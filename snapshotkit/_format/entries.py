@@ -4,7 +4,8 @@ The manifest maps ``"<rank>/<logical path>"`` to one entry per node of the flatt
 state: containers (dict, ordered dict, list, tuple), inline primitives, tensors, sharded
 tensors and objects. Tensors and objects point at *pieces*: a byte range of a data object plus
 a checksum. Decoding goes through a registry of entry kinds that rejects unknown kinds instead
-of silently dropping them. ``docs/format.md`` is the normative description.
+of silently dropping them. ``docs/format.md`` is the normative description. Entries also answer
+to torchsnapshot's attribute names (``type``, ``location``...) through their ``names`` mixins.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from snapshotkit._format import torchsnapshot_names as names
 from snapshotkit._format.codec import INTEGRITY_SINCE
 from snapshotkit.errors import ManifestError, UnsafeLocationError
 
@@ -147,7 +149,7 @@ class Piece:
 
 
 @dataclasses.dataclass(frozen=True)
-class TensorEntry:
+class TensorEntry(names.TensorNames):
     """A tensor: dtype, shape and the pieces that hold its bytes in order.
 
     ``serializer`` is ``"raw"`` (contiguous row-major element bytes, pieces concatenated) or
@@ -205,7 +207,7 @@ class TensorEntry:
 
 
 @dataclasses.dataclass(frozen=True)
-class ObjectEntry:
+class ObjectEntry(names.ObjectNames):
     """A picklable object stored as ``torch.save`` bytes in one piece."""
 
     kind: ClassVar[str] = "object"
@@ -234,7 +236,7 @@ _PRIMITIVE_TYPES = ("int", "float", "str", "bool", "bytes", "none")
 
 
 @dataclasses.dataclass(frozen=True)
-class PrimitiveEntry:
+class PrimitiveEntry(names.PrimitiveNames):
     """A primitive stored inline in the manifest: int, float (exactly), str, bool, bytes, None."""
 
     kind: ClassVar[str] = "primitive"
@@ -284,7 +286,7 @@ class PrimitiveEntry:
 
 
 @dataclasses.dataclass(frozen=True)
-class DictEntry:
+class DictEntry(names.DictNames):
     """A ``dict`` (or ``OrderedDict`` when ``ordered``); ``keys`` keeps order and str/int type."""
 
     kind: ClassVar[str] = "dict"
@@ -303,7 +305,7 @@ class DictEntry:
 
 
 @dataclasses.dataclass(frozen=True)
-class ListEntry:
+class ListEntry(names.ListNames):
     """A ``list`` of ``length`` children named ``0`` .. ``length - 1``."""
 
     kind: ClassVar[str] = "list"
@@ -321,7 +323,7 @@ class ListEntry:
 
 
 @dataclasses.dataclass(frozen=True)
-class TupleEntry(ListEntry):
+class TupleEntry(names.TupleNames, ListEntry):
     """A ``tuple`` of ``length`` children named ``0`` .. ``length - 1``."""
 
     kind: ClassVar[str] = "tuple"
@@ -360,7 +362,7 @@ class Shard:
 
 
 @dataclasses.dataclass(frozen=True)
-class ShardedTensorEntry:
+class ShardedTensorEntry(names.ShardedTensorNames):
     """A tensor stored as shards (a ``DTensor`` or ``ShardedTensor``): global dtype and shape,
     and the stored boxes, which together cover it exactly once (format version 2).
 

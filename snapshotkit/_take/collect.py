@@ -2,15 +2,17 @@
 
 Describing turns every leaf into a typed :mod:`~snapshotkit._plan.leaves` description and a
 payload (objects are serialized here), finds tied tensors (stored once), and refuses what
-cannot be stored, naming its logical path, before anything is written.
+cannot be stored, naming its logical path, before anything is written. A take's
+``_custom_tensor_prepare_func`` is applied here, the one step both ``take`` and ``async_take``
+run on the caller's thread, so what it returns is what every later stage sees.
 """
 
 from __future__ import annotations
 
 import glob
 import itertools
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
 
 import torch
 
@@ -21,10 +23,13 @@ from snapshotkit._format.sharded import is_sharded, local_shards
 from snapshotkit._plan.flatten import check_int, fits_inline, flatten
 from snapshotkit._plan.leaves import Leaf, LocalState, ObjectLeaf, Payload, ShardBox, ShardedLeaf, TensorLeaf
 from snapshotkit._plan.select import Selection
-from snapshotkit.errors import ConfigError, UnsupportedValueError
+from snapshotkit.errors import ConfigError, InvalidArgumentError, UnsupportedValueError
 from snapshotkit.stateful import RNGState, Stateful
 
 _PRIMITIVE_TYPES = (int, float, str, bool, bytes)
+
+#: ``(logical_path, tensor, tracing) -> tensor to store`` (torchsnapshot's hook).
+TensorPrepareFunc: TypeAlias = Callable[[str, torch.Tensor, bool], torch.Tensor]
 
 
 def collect_state(app_state: Mapping[str, Stateful]) -> dict[str, Any]:
@@ -63,11 +68,25 @@ def ddp_replicated_patterns(app_state: Mapping[str, Stateful]) -> list[str]:
     return patterns
 
 
-def describe_state(states: Mapping[str, Any], selection: Selection | None = None) -> LocalState:
+def check_tensor_prepare_func(func: object) -> TensorPrepareFunc | None:
+    """``func`` if it is None or callable; else raise :class:`InvalidArgumentError`."""
+    if func is None or callable(func):
+        return func  # a callable; its arity and results are checked when it is called
+    raise InvalidArgumentError(
+        f"_custom_tensor_prepare_func must be a callable (logical_path, tensor, tracing) -> tensor, or None; "
+        f"got {type(func).__name__} {func!r}"
+    )
+
+
+def describe_state(
+    states: Mapping[str, Any], selection: Selection | None = None, prepare: TensorPrepareFunc | None = None
+) -> LocalState:
     """Flatten collected state into containers, leaves and payloads (objects serialized here).
 
     With a ``selection`` only what it keeps is described (an app_state key with nothing kept
-    is left out).
+    is left out). With ``prepare``, every tensor (every local shard of a sharded tensor) is
+    replaced by what ``prepare(path, tensor, False)`` returns, after a ``prepare(path, tensor,
+    True)`` call that announces its dtype and shape (see :func:`_prepared`).
 
     Raises:
         ConfigError: the selection keeps nothing of a non-empty state.
@@ -89,8 +108,10 @@ def describe_state(states: Mapping[str, Any], selection: Selection | None = None
         containers.update(flat.containers)
         for path, leaf in flat.leaves.items():
             if isinstance(leaf, torch.Tensor) and is_sharded(leaf):
-                leaves[path] = _describe_sharded(path, leaf, payloads)
+                leaves[path] = _describe_sharded(path, leaf, payloads, prepare)
             elif isinstance(leaf, torch.Tensor):
+                if prepare is not None:
+                    leaf = _prepared(prepare, path, leaf)
                 leaves[path] = _describe_tensor(path, leaf, payloads, by_identity)
             elif leaf is None or (type(leaf) in _PRIMITIVE_TYPES and fits_inline(leaf)):
                 if type(leaf) is int:
@@ -123,20 +144,68 @@ def _tensor_identity(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     )
 
 
-def _describe_sharded(path: str, value: torch.Tensor, payloads: list[Payload]) -> ShardedLeaf:
-    shards = local_shards(value, path)
-    if dtype_name(shards.dtype) not in RAW_ITEMSIZE:
+def _prepared(prepare: TensorPrepareFunc, path: str, tensor: torch.Tensor) -> torch.Tensor:
+    """What ``prepare`` makes of ``tensor`` for storage.
+
+    torchsnapshot's contract, kept: the hook is called with ``tracing=True`` first, when only the
+    dtype and shape of its result matter (a hook may return a cheap stand-in, e.g. an empty
+    tensor), then with ``tracing=False`` for the data to store. The shape may not change (restore
+    fills the original destinations); the dtype may.
+    """
+    traced = _checked_result(path, tensor, prepare(path, tensor, True), "True")
+    stored = _checked_result(path, tensor, prepare(path, tensor, False), "False")
+    if stored.dtype != traced.dtype:
         raise UnsupportedValueError(
-            f"the sharded tensor at {path!r} has dtype {dtype_name(shards.dtype)}, which is stored only through "
+            f"_custom_tensor_prepare_func returned {dtype_name(traced.dtype)} for {path!r} with tracing=True but "
+            f"{dtype_name(stored.dtype)} with tracing=False; the traced dtype must be the stored one"
+        )
+    return stored
+
+
+def _checked_result(path: str, tensor: torch.Tensor, result: object, tracing: str) -> torch.Tensor:
+    if not isinstance(result, torch.Tensor):
+        raise UnsupportedValueError(
+            f"_custom_tensor_prepare_func returned a {type(result).__name__} for the tensor at {path!r} "
+            f"(tracing={tracing}); it must return a torch.Tensor (the tensor to store)"
+        )
+    if result.shape != tensor.shape:
+        raise UnsupportedValueError(
+            f"_custom_tensor_prepare_func changed the shape of the tensor at {path!r} from {list(tensor.shape)} "
+            f"to {list(result.shape)} (tracing={tracing}); it may change the dtype, not the shape"
+        )
+    return result
+
+
+def _describe_sharded(
+    path: str, value: torch.Tensor, payloads: list[Payload], prepare: TensorPrepareFunc | None
+) -> ShardedLeaf:
+    shards = local_shards(value, path)
+    dtype, held = shards.dtype, list(shards.boxes)
+    if prepare is not None:
+        held = [(box, _prepared(prepare, path, local)) for box, local in held]
+        if held:
+            dtype = held[0][1].dtype
+        else:  # no shard here, but every rank must report the stored dtype: trace an empty stand-in
+            probe = torch.empty(0, dtype=dtype)
+            dtype = _checked_result(path, probe, prepare(path, probe, True), "True").dtype
+        mixed = sorted({dtype_name(local.dtype) for _, local in held} - {dtype_name(dtype)})
+        if mixed:
+            raise UnsupportedValueError(
+                f"_custom_tensor_prepare_func returned {dtype_name(dtype)} and {mixed[0]} for local shards of the "
+                f"sharded tensor at {path!r}; every shard must be stored in one dtype"
+            )
+    if dtype_name(dtype) not in RAW_ITEMSIZE:
+        raise UnsupportedValueError(
+            f"the sharded tensor at {path!r} has dtype {dtype_name(dtype)}, which is stored only through "
             "torch.save; gather it into a plain tensor first (docs/format.md section 4.1 lists the raw dtypes)"
         )
     boxes = []
-    for box, local in shards.boxes:
+    for box, local in held:
         if local.is_meta:
             raise UnsupportedValueError(f"the sharded tensor at {path!r} has a meta local shard; materialize it")
         payloads.append(Payload.of_tensor(local.detach()))
         boxes.append(ShardBox(box, len(payloads) - 1))
-    return ShardedLeaf(dtype_name(shards.dtype), shards.shape, shards.layout, tuple(boxes))
+    return ShardedLeaf(dtype_name(dtype), shards.shape, shards.layout, tuple(boxes))
 
 
 def _describe_tensor(

@@ -148,6 +148,7 @@ def take(
     user_metadata: object = None,
     include: object = None,
     exclude: object = None,
+    tensor_prepare_func: object = None,
 ) -> tuple[str, SnapshotMetadata | None]:
     """A synchronous take on every rank of ``group``: the path written (rank 0's) and, on rank 0,
     the committed metadata."""
@@ -162,6 +163,7 @@ def take(
         user_metadata=user_metadata,
         include=include,
         exclude=exclude,
+        tensor_prepare_func=tensor_prepare_func,
     )
     return job.path, job.wait()
 
@@ -178,6 +180,7 @@ def async_take(
     user_metadata: object = None,
     include: object = None,
     exclude: object = None,
+    tensor_prepare_func: object = None,
 ) -> TakeJob:
     """Stage and return; a background writer writes and a coordinator thread commits."""
     writer = background_writer(executor, config.background_niceness)
@@ -192,6 +195,7 @@ def async_take(
         user_metadata=user_metadata,
         include=include,
         exclude=exclude,
+        tensor_prepare_func=tensor_prepare_func,
     )
 
 
@@ -207,12 +211,13 @@ def start_take(
     user_metadata: object = None,
     include: object = None,
     exclude: object = None,
+    tensor_prepare_func: object = None,
 ) -> TakeJob:
     """Run the pipeline (module docstring) with ``writer``; return once staging is done.
 
     With the inline writer the writes and the commit also ran when this returns.
-    ``user_metadata``, ``include`` and ``exclude`` are the caller's arguments, checked before
-    anything is written.
+    ``user_metadata``, ``include``, ``exclude`` and ``tensor_prepare_func`` are the caller's
+    arguments, checked before anything is written.
     """
     started_s, step = time.perf_counter(), current_step()
     emit("take_started", path=path, rank=group.rank, step=step)
@@ -228,6 +233,7 @@ def start_take(
             user_metadata=user_metadata,
             include=include,
             exclude=exclude,
+            tensor_prepare_func=tensor_prepare_func,
         )
     except BaseException as exc:
         seconds = time.perf_counter() - started_s

@@ -24,7 +24,12 @@ from snapshotkit._plan.rank_plan import TakePlan, plan_rank
 from snapshotkit._plan.select import Selection
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.loop import run_sync
-from snapshotkit._take.collect import collect_state, ddp_replicated_patterns, describe_state
+from snapshotkit._take.collect import (
+    check_tensor_prepare_func,
+    collect_state,
+    ddp_replicated_patterns,
+    describe_state,
+)
 from snapshotkit._take.commit import storage_error
 from snapshotkit.errors import SnapshotExistsError, SnapshotkitError
 from snapshotkit.storage import StoragePlugin
@@ -62,14 +67,16 @@ def prepare_take(
     user_metadata: object = None,
     include: object = None,
     exclude: object = None,
+    tensor_prepare_func: object = None,
 ) -> PreparedTake:
     """Collect, describe, exchange and plan (see the module docstring).
 
-    ``user_metadata``, ``include`` and ``exclude`` are the take's arguments as the caller gave
-    them: they are checked here, first; each rank keeps what its own patterns select. A failure
-    on any rank (an invalid argument or app_state, a ``state_dict()`` that raises, patterns that
-    select nothing, an existing snapshot at the path) makes every rank raise here, before
-    anything is written.
+    ``user_metadata``, ``include``, ``exclude`` and ``tensor_prepare_func`` (the
+    ``_custom_tensor_prepare_func`` hook) are the take's arguments as the caller gave them: they
+    are checked here, first; each rank keeps what its own patterns select. A failure on any rank
+    (an invalid argument or app_state, a ``state_dict()`` that raises, patterns that select
+    nothing, an existing snapshot at the path) makes every rank raise here, before anything is
+    written.
     """
     local: LocalState | None = None
     info: RankInfo | None = None
@@ -78,13 +85,14 @@ def prepare_take(
     try:
         stored_metadata = check_user_metadata(user_metadata)
         selection = Selection.of(include, exclude)
+        prepare = check_tensor_prepare_func(tensor_prepare_func)
         states_of = validate_app_state(app_state)
         if group.rank == 0:
             run_sync(_refuse_existing(_open(open_plugin, path), path))
         states = collect_state(states_of)
         patterns = list(dict.fromkeys([*replicated, *ddp_replicated_patterns(states_of)]))
         with gc_paused():
-            local = describe_state(states, selection)
+            local = describe_state(states, selection, prepare)
             info = rank_info(local, path, patterns, secrets.token_hex(4))
     except Exception as exc:
         error = exc
