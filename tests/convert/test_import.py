@@ -463,6 +463,17 @@ def test_torchsnapshot_unbatched_chunks_and_objects(
     assert snapshot.read_object("extra/thing", weights_only=False).value == 3
 
 
+def test_torchsnapshot_location_leaving_the_snapshot_is_refused(tmp_path: Path, torchsnapshot: ModuleType) -> None:
+    (tmp_path / "secret").write_bytes(b"\0" * 64)
+    torchsnapshot.Snapshot.take(str(tmp_path / "ts"), {"extra": torchsnapshot.StateDict(w=torch.ones(4))})
+    manifest_path = tmp_path / "ts" / ".snapshot_metadata"
+    document = json.loads(manifest_path.read_text())
+    document["manifest"]["0/extra/w"]["location"] = "../secret"
+    manifest_path.write_text(json.dumps(document))
+    with pytest.raises(ImportSourceError, match=r"'\.\./secret', which is not a plain relative path"):
+        import_snapshot(tmp_path / "ts", tmp_path / "out")
+
+
 def _torchsnapshot_two_ranks(rank: int, world_size: int, path: str) -> dict[str, Any]:
     warnings.simplefilter("ignore")
     import torch.distributed._shard.sharded_tensor as sharded_tensor
