@@ -6,7 +6,8 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
 
     SnapshotkitError
     ├── SnapshotNotFoundError          (FileNotFoundError)  nothing committed at the path
-    │   └── IncompleteSnapshotError                        data objects but no manifest
+    │   ├── IncompleteSnapshotError                        data objects but no manifest
+    │   └── ForeignCheckpointError                         another library's checkpoint is there
     ├── SnapshotExistsError            (FileExistsError)    take onto an existing snapshot
     ├── InvalidAppStateError           (TypeError)          app_state value is not Stateful
     ├── InvalidArgumentError           (TypeError)          an argument of the wrong type (path=None)
@@ -23,6 +24,7 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     ├── UnsafeObjectError              (pickle.UnpicklingError) object refused by weights_only loading
     ├── UnsupportedValueError          (TypeError)          a leaf snapshotkit cannot store
     ├── ConfigError                    (ValueError)         bad argument or SNAPSHOTKIT_* variable
+    ├── ImportSourceError              (ValueError)         import_snapshot cannot read its source
     ├── RankFailedError                (RuntimeError)       another rank of a multi-rank take/restore failed
     ├── CollectiveTimeoutError         (TimeoutError)       other ranks did not arrive in time
     ├── WaitTimeoutError               (TimeoutError)       PendingSnapshot.wait(timeout) ran out
@@ -47,6 +49,8 @@ __all__ = [
     "ChecksumMismatchError",
     "CollectiveTimeoutError",
     "ConfigError",
+    "ForeignCheckpointError",
+    "ImportSourceError",
     "IncompleteSnapshotError",
     "IntegrityError",
     "InvalidAppStateError",
@@ -87,6 +91,20 @@ class SnapshotNotFoundError(SnapshotkitError, FileNotFoundError):
 
 class IncompleteSnapshotError(SnapshotNotFoundError):
     """The path holds snapshot data but no manifest: the take never committed."""
+
+
+class ForeignCheckpointError(SnapshotNotFoundError):
+    """The path holds another library's checkpoint (torchsnapshot, DCP, safetensors, ``torch.save``),
+    not a snapshot; ``snapshotkit import`` converts it.
+
+    Attributes:
+        source_format: what was found, as ``import_snapshot(source=...)`` and
+            ``snapshotkit import --from`` name it (``"dcp"``, ``"torchsnapshot"``...).
+    """
+
+    def __init__(self, message: str, source_format: str = "") -> None:
+        super().__init__(message)
+        self.source_format = source_format
 
 
 class SnapshotExistsError(SnapshotkitError, FileExistsError):
@@ -157,6 +175,11 @@ class UnsupportedValueError(SnapshotkitError, TypeError):
 
 class ConfigError(SnapshotkitError, ValueError):
     """An argument or ``SNAPSHOTKIT_*`` environment variable has an invalid value."""
+
+
+class ImportSourceError(SnapshotkitError, ValueError):
+    """``import_snapshot`` cannot read its source: nothing is there, its format is not recognized (or
+    is not the one ``source=`` names), or the checkpoint is malformed."""
 
 
 class RankFailedError(SnapshotkitError, RuntimeError):

@@ -213,8 +213,11 @@ class Snapshot:
         """The decoded manifest (read once, then cached).
 
         Raises:
-            SnapshotNotFoundError: nothing is at the path.
-            IncompleteSnapshotError: data is there but the take never committed.
+            SnapshotNotFoundError: nothing is at the path, or something that is not a snapshot.
+            IncompleteSnapshotError: data objects of a take are there but the take never committed.
+            ForeignCheckpointError: another library's checkpoint (torchsnapshot, DCP, safetensors,
+                ``torch.save``) is there; the message gives the ``snapshotkit import`` command that
+                converts it.
             ManifestError: the manifest is malformed or from a newer format version.
             StorageError: the store failed (the plugin's error is the cause).
         """

@@ -122,8 +122,8 @@ class SnapshotMetadata:
         if document.get("format") != FORMAT_NAME:
             raise ManifestError(
                 f"the manifest's format is {document.get('format')!r}, not {FORMAT_NAME!r}; "
-                "this is not a snapshotkit snapshot (a torchsnapshot one? restore it with torchsnapshot, "
-                "then take it again with snapshotkit)"
+                "this is not a snapshotkit snapshot. If another library wrote it, convert it into one with "
+                "snapshotkit import SRC OUT (--from torchsnapshot for a torchsnapshot snapshot)"
             )
         version = document.get("format_version")
         if type(version) is not int or version < 1:

@@ -26,6 +26,10 @@ from snapshotkit.errors import ManifestError, UnsafeLocationError
 
 #: Name of the manifest object; its presence is the commit marker of a snapshot.
 METADATA_FILENAME = ".snapshot_metadata"
+#: Every name a take writes below a snapshot: data objects ``data/<rank>_<index>_<take id>``
+#: (``_plan/layout.py``), the manifest, and the manifest's temporary file (local disk) while it is
+#: being committed. Only such objects are ever deleted, or called the leftovers of a take.
+OWN_OBJECT = re.compile(r"data/[0-9]+_[0-9]{5,}_[0-9a-f]+|" + re.escape(METADATA_FILENAME) + r"(\.tmp-[0-9a-f]+)?")
 FORMAT_NAME = "snapshotkit"
 #: The newest format version this snapshotkit writes and reads. A take writes the oldest
 #: version that can express its manifest with an integrity line: 3 (versions 1 and 2, without

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import METADATA_FILENAME
+from snapshotkit._format.entries import METADATA_FILENAME, OWN_OBJECT
 from snapshotkit._lifecycle.retention import StepRecord
 from snapshotkit.errors import ManifestError, SnapshotkitError
 from snapshotkit.storage import StoragePlugin
@@ -28,9 +28,6 @@ from snapshotkit.storage import StoragePlugin
 MANAGER_KEY = "snapshotkit.manager"
 
 _STEP_DIR = re.compile(r"step_(0|[1-9][0-9]*)")
-# What a take writes below a snapshot: data objects ``data/<rank>_<index>_<take id>``, the
-# manifest, and the manifest's temporary file (local disk) while it is being committed.
-_OWN_OBJECT = re.compile(r"data/[0-9]+_[0-9]{5,}_[0-9a-f]+|" + re.escape(METADATA_FILENAME) + r"(\.tmp-[0-9a-f]+)?")
 
 
 def step_dir(step: int) -> str:
@@ -59,7 +56,7 @@ class StepObjects:
     def only_ours(self) -> bool:
         """Whether every object is one a take writes (so removing them removes nothing foreign)."""
         prefix = step_dir(self.step) + "/"
-        return all(_OWN_OBJECT.fullmatch(location.removeprefix(prefix)) for location in self.locations)
+        return all(OWN_OBJECT.fullmatch(location.removeprefix(prefix)) for location in self.locations)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +164,6 @@ async def delete_snapshot(plugin: StoragePlugin, objects: StepObjects) -> None:
     if objects.only_ours:
         await plugin.delete_prefix(prefix)
     else:
-        await plugin.discard([loc for loc in objects.locations if _OWN_OBJECT.fullmatch(loc.removeprefix(prefix))])
+        await plugin.discard([loc for loc in objects.locations if OWN_OBJECT.fullmatch(loc.removeprefix(prefix))])
     if plugin.capabilities.directories and await _holds_only_take_dirs(plugin, objects.step):
         await plugin.remove_empty_dirs(prefix)

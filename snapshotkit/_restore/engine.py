@@ -24,7 +24,8 @@ from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME, Entry, ShardedTensorEntry, TensorEntry
 from snapshotkit._format.sharded import destination_boxes
 from snapshotkit._plan.flatten import inflate
-from snapshotkit._restore.failures import describe_paths, open_failure, storage_failure
+from snapshotkit._restore.absent import foreign_manifest, not_found
+from snapshotkit._restore.failures import open_failure, storage_failure
 from snapshotkit._restore.fetch import check_extents, read_pieces
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
@@ -42,12 +43,10 @@ from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.loop import run_sync
 from snapshotkit.errors import (
-    IncompleteSnapshotError,
     InvalidArgumentError,
     LogicalPathNotFoundError,
     ManifestError,
     SnapshotkitError,
-    SnapshotNotFoundError,
     StateMismatchError,
 )
 from snapshotkit.stateful import Stateful
@@ -62,8 +61,10 @@ def load_metadata(open_plugin: OpenPlugin, path: str, wanted: Sequence[str] = ()
     """Read and decode the manifest of the snapshot at ``path``; errors name the ``wanted`` logical paths.
 
     Raises:
-        SnapshotNotFoundError: nothing is at the path.
-        IncompleteSnapshotError: data is there but the take never committed.
+        SnapshotNotFoundError: nothing is at the path, or something that is not a snapshot.
+        IncompleteSnapshotError: data objects of a take are there but the take never committed.
+        ForeignCheckpointError: another library's checkpoint is there (the message says which, and
+            the ``snapshotkit import`` command that converts it).
         ManifestError: the manifest is malformed or from a newer format version.
         StorageError: the store failed (the plugin's error is the cause).
     """
@@ -89,7 +90,7 @@ async def _load_metadata(plugin: StoragePlugin, path: str, wanted: Sequence[str]
         except FileNotFoundError as exc:
             if isinstance(exc, SnapshotkitError):  # BucketNotFoundError: the store, not the snapshot, is missing
                 raise storage_failure(exc, location=METADATA_FILENAME, logical_paths=wanted, path=path)  # noqa: B904
-            raise await _not_found(plugin, path, wanted) from None
+            raise await not_found(plugin, path, wanted) from None
         except Exception as exc:
             raise storage_failure(exc, location=METADATA_FILENAME, logical_paths=wanted, path=path)  # noqa: B904
     finally:
@@ -97,29 +98,10 @@ async def _load_metadata(plugin: StoragePlugin, path: str, wanted: Sequence[str]
     try:
         return SnapshotMetadata.from_text(bytes(text))
     except ManifestError as exc:
+        foreign = foreign_manifest(path, bytes(text), wanted)
+        if foreign is not None:
+            raise foreign from None
         raise type(exc)(f"{path}/{METADATA_FILENAME}: {exc}") from None
-
-
-async def _not_found(plugin: StoragePlugin, path: str, wanted: Sequence[str]) -> SnapshotNotFoundError:
-    """Why there is no manifest at ``path``: nothing there, or the leftovers of a take that never committed."""
-    leftovers: list[str] = []
-    if plugin.capabilities.listing:
-        try:
-            leftovers = await plugin.list("")
-        except Exception as exc:
-            error = storage_failure(
-                exc, location=None, logical_paths=wanted, path=path, action="listing the objects of"
-            )
-            raise error  # noqa: B904 - the cause is set
-    asked = f"cannot read {describe_paths(wanted)}: " if wanted else ""
-    if leftovers:
-        shown = ", ".join(repr(name) for name in leftovers[:3]) + (" ..." if len(leftovers) > 3 else "")
-        return IncompleteSnapshotError(
-            f"{asked}{path!r} holds {len(leftovers)} object(s) ({shown}) but no {METADATA_FILENAME}: the take "
-            "that wrote it never committed (it failed or was interrupted), so it is not a snapshot and none of "
-            "its logical paths can be read. Restore from an earlier snapshot and delete this path"
-        )
-    return SnapshotNotFoundError(f"{asked}no snapshot at {path!r} (no {METADATA_FILENAME} there); check the path")
 
 
 def _fetch(open_plugin: OpenPlugin, path: str, loader: LeafLoader, config: Config) -> int:

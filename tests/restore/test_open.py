@@ -67,3 +67,34 @@ def test_open_interrupted_take_raises_incomplete_snapshot(tmp_path: Path) -> Non
     assert str(path) in message
     assert "never committed" in message
     assert "earlier snapshot" in message
+    assert "delete this path" not in message
+
+
+def test_open_directory_of_unknown_files_never_advises_deleting(tmp_path: Path) -> None:
+    # Not a take's leftovers: someone's files. Say what is there; never suggest deleting it.
+    (tmp_path / "notes.txt").write_text("my data")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "table.csv").write_text("a,b")
+    with pytest.raises(SnapshotNotFoundError) as info:
+        _ = Snapshot(str(tmp_path)).metadata
+    assert type(info.value) is SnapshotNotFoundError
+    message = str(info.value)
+    assert "'notes.txt'" in message
+    assert "not a snapshot" in message
+    assert "check the path" in message.lower()
+    assert "snapshotkit import" in message
+    assert "delete" not in message.lower()
+    assert "never committed" not in message
+
+
+def test_open_take_leftovers_mixed_with_other_files_never_advises_deleting(tmp_path: Path) -> None:
+    path = tmp_path / "snap"
+    take_basic(path)
+    (path / MANIFEST).unlink()
+    (path / "README").write_text("mine")
+    with pytest.raises(IncompleteSnapshotError) as info:
+        _ = Snapshot(str(path)).metadata
+    message = str(info.value)
+    assert "never committed" in message
+    assert "'README'" in message
+    assert "delete" not in message.lower()
