@@ -52,9 +52,10 @@ class RootJanitor:
     def listing(self) -> RootListing:
         return self._run(list_root, f"listing {self.root!r}")
 
-    def cleanup(self, writing: int | None) -> tuple[list[int], RootListing]:
+    def cleanup(self, writing: int | None, *, dry_run: bool = False) -> tuple[list[int], RootListing]:
         """Remove incomplete snapshots except step ``writing`` (a save in flight); the steps
-        removed, and the listing (clean-up leaves its committed steps alone)."""
+        removed (with ``dry_run``: that would be, and nothing is), and the listing (clean-up
+        leaves its committed steps alone)."""
         listing, empty = self._run(_listing_and_empty_dirs, f"listing {self.root!r}")
         removed: list[int] = []
         for step in sorted({*listing.incomplete, *empty} - {writing}):
@@ -65,21 +66,25 @@ class RootJanitor:
                     self.path(step),
                 )
                 continue
-            self._delete(objects, "incomplete_removed")
+            if not dry_run:
+                self._delete(objects, "incomplete_removed")
             removed.append(step)
         return removed, listing
 
-    def retain(self, policy: RetentionPolicy) -> None:
-        """Delete the committed snapshots the manager wrote that ``policy`` does not keep."""
+    def retain(self, policy: RetentionPolicy, *, dry_run: bool = False) -> list[int]:
+        """Delete the committed snapshots the manager wrote that ``policy`` does not keep; the steps
+        deleted (with ``dry_run``: that would be, and nothing is)."""
         if not policy.deletes:
-            return
+            return []
         listing = self.listing()
         records = self.load_records(listing.committed)
         kept = kept_steps([r for r in records.values() if r is not None], policy)
-        for step, record in records.items():
-            if record is not None and step not in kept:
+        doomed = [step for step, record in records.items() if record is not None and step not in kept]
+        if not dry_run:
+            for step in doomed:
                 self._delete(listing.steps[step], "snapshot_deleted")
                 self.records.pop(step, None)
+        return doomed
 
     def load_records(self, steps: Sequence[int]) -> dict[int, StepRecord | None]:
         """The manager records of ``steps``."""
