@@ -11,6 +11,7 @@ import snapshotkit
 
 PUBLIC_MODULES = [
     "snapshotkit",
+    "snapshotkit.diff",
     "snapshotkit.errors",
     "snapshotkit.events",
     "snapshotkit.manager",
@@ -19,6 +20,7 @@ PUBLIC_MODULES = [
     "snapshotkit.snapshot",
     "snapshotkit.storage",
     "snapshotkit.testing",
+    "snapshotkit.verify",
 ]
 
 
