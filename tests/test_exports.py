@@ -11,6 +11,7 @@ import snapshotkit
 
 PUBLIC_MODULES = [
     "snapshotkit",
+    "snapshotkit.cli",
     "snapshotkit.diff",
     "snapshotkit.errors",
     "snapshotkit.events",
