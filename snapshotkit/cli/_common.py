@@ -141,7 +141,7 @@ def _report(exc: Exception, common: Common) -> int:
         traceback.print_exception(exc, file=sys.stderr)
     message = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, IntegrityError) and _name() != "verify":
-        message += " (`snapshotkit verify` lists every damaged piece)"
+        message += ". Run `snapshotkit verify` to list every damaged piece"
     elif isinstance(exc, OSError) and not isinstance(exc, SnapshotkitError):
         message = f"{type(exc).__name__}: {message}. Check the path, the storage options and your permissions"
     elif not isinstance(exc, SnapshotkitError):
@@ -200,3 +200,8 @@ def format_number(value: float | None) -> str:
 def compact_json(value: Any, limit: int = 60) -> str:
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def plural(number: int, noun: str) -> str:
+    """``1 piece``, ``2 pieces``."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"

@@ -75,20 +75,14 @@ def _print(report: DiffReport) -> None:
         table = Table(title="changed", title_justify="left")
         table.add_column("logical path", overflow="fold")
         table.add_column("what", no_wrap=True)
-        table.add_column("A", overflow="fold")
-        table.add_column("B", overflow="fold")
-        table.add_column("elements differing", justify="right")
-        table.add_column("max |a - b|", justify="right")
+        table.add_column("A -> B", overflow="fold")
+        table.add_column("differing", justify="right", no_wrap=True)
+        table.add_column("max |a-b|", justify="right", no_wrap=True)
         for change in report.changed:
-            mismatched = "-" if change.mismatched is None else str(change.mismatched)
-            table.add_row(
-                Text(change.logical_path),
-                change.what,
-                Text(change.a),
-                Text(change.b),
-                mismatched,
-                format_number(change.max_abs_diff),
-            )
+            sides = change.a if change.what == "values" else f"{change.a} -> {change.b}"
+            differing = "-" if change.mismatched is None else str(change.mismatched)
+            largest = format_number(change.max_abs_diff)
+            table.add_row(Text(change.logical_path), change.what, Text(sides), differing, largest)
         out.print(table)
     verdict = "identical" if report.identical else "differ"
     counts = f"{len(report.added)} added, {len(report.removed)} removed, {len(report.changed)} changed"

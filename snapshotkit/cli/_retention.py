@@ -16,7 +16,7 @@ from rich.text import Text
 from snapshotkit._config import snapshot_path
 from snapshotkit._lifecycle.janitor import RootJanitor
 from snapshotkit._lifecycle.retention import RetentionPolicy
-from snapshotkit.cli._common import EXIT_OK, Common, command_options, console, emit_json
+from snapshotkit.cli._common import EXIT_OK, Common, command_options, console, emit_json, plural
 
 PRUNE_SCHEMA = "snapshotkit.prune/1"
 CLEANUP_SCHEMA = "snapshotkit.cleanup/1"
@@ -114,5 +114,5 @@ def cleanup(root: str, dry_run: bool, *, common: Common) -> int:
         out.print(Text(f"{verb} incomplete step {step}: {janitor.path(step)}"))
     for step in left:
         out.print(Text(f"left alone step {step}: {janitor.path(step)} holds objects snapshotkit does not write"))
-    out.print(Text(f"{len(removed)} incomplete snapshot(s) {'to remove' if dry_run else 'removed'}"))
+    out.print(Text(f"{plural(len(removed), 'incomplete snapshot')} {'to remove' if dry_run else 'removed'}"))
     return EXIT_OK

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -133,9 +132,18 @@ def _tensor_stats(
 
 
 def _stats_json(stats: StatsAccumulator) -> dict[str, Any]:
-    found = dataclasses.asdict(stats.result())
-    found["min"], found["max"] = found.pop("minimum"), found.pop("maximum")
-    return found
+    found = stats.result()
+    return {
+        "count": found.count,
+        "finite": found.finite,
+        "nan": found.nan,
+        "inf": found.inf,
+        "min": found.minimum,
+        "max": found.maximum,
+        "mean": found.mean,
+        "std": found.std,
+        "of_abs": found.of_abs,
+    }
 
 
 def _scalar(value: Any) -> Any:

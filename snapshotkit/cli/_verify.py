@@ -18,6 +18,7 @@ from snapshotkit.cli._common import (
     emit_json,
     format_bytes,
     memory_budget_option,
+    plural,
 )
 from snapshotkit.verify import VerifyReport, verify_snapshot
 
@@ -81,11 +82,11 @@ def to_json(report: VerifyReport) -> dict[str, Any]:
 
 def _print(report: VerifyReport) -> None:
     out = console()
-    checked = f"{_count(report.pieces_checked, 'piece')}, {format_bytes(report.bytes_checked)} read and checksummed"
+    checked = f"{plural(report.pieces_checked, 'piece')}, {format_bytes(report.bytes_checked)} read and checksummed"
     if report.ok:
         out.print(Text(f"OK: {report.path}: {checked}", style="green"))
         return
-    table = Table(title=Text(f"{report.path}: {_count(len(report.problems), 'problem')}"), title_justify="left")
+    table = Table(title=Text(f"{report.path}: {plural(len(report.problems), 'problem')}"), title_justify="left")
     table.add_column("logical path", overflow="fold")
     table.add_column("kind", no_wrap=True)
     table.add_column("location", overflow="fold")
@@ -94,7 +95,3 @@ def _print(report: VerifyReport) -> None:
         table.add_row(Text(problem.logical_path or "-"), problem.kind, Text(problem.location), Text(problem.message))
     out.print(table)
     out.print(Text(f"DAMAGED: {report.path}: {checked}; restore from another snapshot", style="red"))
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"
