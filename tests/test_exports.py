@@ -11,7 +11,9 @@ import snapshotkit
 
 PUBLIC_MODULES = [
     "snapshotkit",
+    "snapshotkit.cli",
     "snapshotkit.convert",
+    "snapshotkit.diff",
     "snapshotkit.errors",
     "snapshotkit.events",
     "snapshotkit.manager",
@@ -20,6 +22,7 @@ PUBLIC_MODULES = [
     "snapshotkit.snapshot",
     "snapshotkit.storage",
     "snapshotkit.testing",
+    "snapshotkit.verify",
 ]
 
 

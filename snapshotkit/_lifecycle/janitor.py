@@ -59,9 +59,10 @@ class RootJanitor:
         with self._lock:
             self._records[record.step] = record
 
-    def cleanup(self, writing: int | None) -> tuple[list[int], RootListing]:
+    def cleanup(self, writing: int | None, *, dry_run: bool = False) -> tuple[list[int], RootListing]:
         """Remove incomplete snapshots except step ``writing`` (a save in flight); the steps
-        removed, and the listing (clean-up leaves its committed steps alone)."""
+        removed (with ``dry_run``: that would be, and nothing is), and the listing (clean-up
+        leaves its committed steps alone)."""
         with self._lock:
             listing, empty = self._run(_listing_and_empty_dirs, f"listing {self.root!r}")
             removed: list[int] = []
@@ -73,28 +74,34 @@ class RootJanitor:
                         self.path(step),
                     )
                     continue
-                self._delete(objects, "incomplete_removed")
+                if not dry_run:
+                    self._delete(objects, "incomplete_removed")
                 removed.append(step)
             return removed, listing
 
-    def retain(self, policy: RetentionPolicy) -> None:
-        """Delete the committed snapshots the manager wrote that ``policy`` does not keep.
+    def retain(self, policy: RetentionPolicy, *, dry_run: bool = False) -> list[int]:
+        """Delete the committed snapshots the manager wrote that ``policy`` does not keep; the steps
+        deleted (with ``dry_run``: that would be, and nothing is).
 
         Each one is read again right before it is deleted: it is deleted only if its manifest
         still says this manager wrote it for that step.
         """
         if not policy.deletes:
-            return
+            return []
         with self._lock:
             listing = self.listing()
             records = self.load_records(listing.committed)
             kept = kept_steps([r for r in records.values() if r is not None], policy)
-            for step, record in records.items():
-                if record is None or step in kept:
-                    continue
-                if self._run(functools.partial(read_record, step=step), "reading a manifest") == record:
+            doomed = [step for step, record in records.items() if record is not None and step not in kept]
+            if dry_run:
+                return doomed
+            deleted = []
+            for step in doomed:
+                if self._run(functools.partial(read_record, step=step), "reading a manifest") == records[step]:
                     self._delete(listing.steps[step], "snapshot_deleted")
+                    deleted.append(step)
                 self._records.pop(step, None)
+            return deleted
 
     def load_records(self, steps: Sequence[int]) -> dict[int, StepRecord | None]:
         """The manager records of ``steps`` (each manifest read once, then cached)."""

@@ -1,0 +1,1 @@
+"""Looking into snapshots without restoring them: the machinery behind ``verify``, ``diff`` and the CLI."""

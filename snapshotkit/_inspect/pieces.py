@@ -1,0 +1,65 @@
+"""A snapshot's stored pieces as its manifest records them: who holds each, and how big the data objects are.
+
+Only the manifest is consulted here (no I/O). A piece shared by several entries (tied weights)
+appears once, with every manifest key that holds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._format.entries import Entry, ObjectEntry, Piece, ShardedTensorEntry, TensorEntry
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredPiece:
+    """One distinct stored piece and the manifest keys (``"<rank>/<logical path>"``) whose entries hold it."""
+
+    piece: Piece
+    keys: tuple[str, ...]
+
+
+def entry_pieces(entry: Entry) -> tuple[Piece, ...]:
+    """The pieces an entry's value is stored in (none for containers and primitives)."""
+    if isinstance(entry, TensorEntry):
+        return entry.pieces
+    if isinstance(entry, ObjectEntry):
+        return (entry.piece,)
+    if isinstance(entry, ShardedTensorEntry):
+        return tuple(piece for shard in entry.shards for piece in shard.pieces)
+    return ()
+
+
+def stored_pieces(metadata: SnapshotMetadata) -> list[StoredPiece]:
+    """Every distinct piece of the snapshot, ordered by data object and offset."""
+    holders: dict[tuple[str, tuple[int, int], str], list[str]] = {}
+    for key, entry in metadata.manifest.items():
+        for piece in entry_pieces(entry):
+            holders.setdefault((piece.location, piece.byte_range, piece.checksum), []).append(key)
+    ordered = sorted(holders.items(), key=lambda item: (item[0][0], item[0][1]))
+    return [StoredPiece(Piece(location, span, checksum), tuple(keys)) for (location, span, checksum), keys in ordered]
+
+
+def data_object_bytes(metadata: SnapshotMetadata) -> dict[str, int]:
+    """Each data object's size as the manifest implies it: the end of its last piece.
+
+    A take writes every data object up to the end of its last piece and no further, so for a
+    committed snapshot this is the object's size in storage (without a size call in the SPI).
+    """
+    sizes: dict[str, int] = {}
+    for stored in stored_pieces(metadata):
+        location, end = stored.piece.location, stored.piece.byte_range[1]
+        sizes[location] = max(sizes.get(location, 0), end)
+    return sizes
+
+
+def display_path(key: str, world_size: int) -> str:
+    """How tools name the entry at manifest ``key``: its logical path when one rank took the
+    snapshot, else the key itself (``"1/model/w"``, a form ``read_object`` accepts too)."""
+    return key.split("/", 1)[1] if world_size == 1 else key
+
+
+def display_paths(keys: Iterable[str], world_size: int) -> list[str]:
+    return [display_path(key, world_size) for key in keys]

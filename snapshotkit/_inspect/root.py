@@ -1,0 +1,133 @@
+"""A root of ``step_<n>`` snapshots as ``snapshotkit ls`` shows it: one summary per step directory.
+
+The root is listed once through the lifecycle catalog (the listing the snapshot manager uses)
+and each committed snapshot's manifest is read, verified and decoded; nothing else is read.
+A snapshot's size is its manifest plus its data objects, each as long as the end of its last
+piece (a take writes them so), since the storage SPI has no size call; an incomplete snapshot
+has no manifest to say, so its size is unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._format.entries import METADATA_FILENAME
+from snapshotkit._inspect.pieces import data_object_bytes
+from snapshotkit._lifecycle.catalog import MANAGER_KEY, empty_step_dirs, manager_record, parse_listing, step_dir
+from snapshotkit._runtime.loop import gather_or_cancel, run_sync
+from snapshotkit.errors import ManifestError, SnapshotkitError, StorageError
+from snapshotkit.storage import StoragePlugin, open_storage_plugin
+
+#: Manifests read at once.
+_READ_CONCURRENCY = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSummary:
+    """One ``step_<n>`` directory of a root.
+
+    Attributes:
+        step: ``n``.
+        path: the snapshot's path (``<root>/step_<n>``).
+        status: ``"complete"`` (committed, manifest verified), ``"incomplete"`` (objects but no
+            manifest: a take that never committed, or a deletion cut short) or ``"damaged"``
+            (the manifest fails its integrity check or is malformed; see ``error``).
+        created_at: when the take committed (ISO 8601, UTC); None unless complete.
+        size_bytes: the manifest and data objects; None unless complete.
+        user_metadata: the take's ``metadata=`` without the manager's record; None unless complete.
+        metrics: the metrics a manager saved with it; None if no manager wrote it.
+        reason: why the manager saved it (``"interval"``, ``"preemption"``, ``"manual"``), or None.
+        error: why a damaged manifest could not be read.
+    """
+
+    step: int
+    path: str
+    status: str
+    created_at: str | None = None
+    size_bytes: int | None = None
+    user_metadata: dict[str, Any] | None = None
+    metrics: dict[str, float | None] | None = None
+    reason: str | None = None
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RootSummary:
+    """The step snapshots under ``root``, ascending by step; ``is_snapshot``: the root is itself a snapshot."""
+
+    root: str
+    steps: tuple[StepSummary, ...]
+    is_snapshot: bool
+
+
+def summarize_root(root: str, storage_options: Mapping[str, Any] | None) -> RootSummary:
+    """List ``root`` and read the manifest of every committed ``step_<n>`` snapshot below it.
+
+    Raises:
+        StorageError: listing or reading failed (the message names the root).
+    """
+    root = root.rstrip("/")
+
+    async def run() -> RootSummary:
+        plugin = open_storage_plugin(root, dict(storage_options or {}))
+        try:
+            return await _summarize(plugin, root)
+        finally:
+            await plugin.close()
+
+    try:
+        return run_sync(run())
+    except SnapshotkitError:
+        raise
+    except Exception as exc:
+        raise StorageError(
+            f"listing the snapshots under {root!r} failed: {type(exc).__name__}: {exc}. Check that the root is "
+            "reachable, the storage options (credentials, endpoint_url) and that you may list it"
+        ) from exc
+
+
+async def _summarize(plugin: StoragePlugin, root: str) -> RootSummary:
+    locations = await plugin.list("")
+    listing = parse_listing(locations)
+    empty = await empty_step_dirs(plugin, listing)
+    slots = asyncio.Semaphore(_READ_CONCURRENCY)
+
+    async def committed(step: int) -> StepSummary:
+        async with slots:
+            return await _read_step(plugin, root, step)
+
+    found = await gather_or_cancel([committed(step) for step in listing.committed])
+    found.extend(StepSummary(step, f"{root}/{step_dir(step)}", "incomplete") for step in [*listing.incomplete, *empty])
+    return RootSummary(root, tuple(sorted(found, key=lambda s: s.step)), METADATA_FILENAME in locations)
+
+
+async def _read_step(plugin: StoragePlugin, root: str, step: int) -> StepSummary:
+    path = f"{root}/{step_dir(step)}"
+    try:
+        text = bytes(await plugin.read(f"{step_dir(step)}/{METADATA_FILENAME}"))
+    except FileNotFoundError:  # deleted since the listing
+        return StepSummary(step, path, "incomplete")
+    try:
+        metadata = SnapshotMetadata.from_text(text)
+    except ManifestError as exc:
+        return StepSummary(step, path, "damaged", error=str(exc))
+    user = {key: value for key, value in metadata.user_metadata.items() if key != MANAGER_KEY}
+    record = manager_record(step, metadata.user_metadata)
+    reason = None
+    if record is not None:
+        raw = metadata.user_metadata[MANAGER_KEY]
+        reason = raw.get("reason") if isinstance(raw.get("reason"), str) else None
+    return StepSummary(
+        step=step,
+        path=path,
+        status="complete",
+        created_at=metadata.created_at,
+        size_bytes=len(text) + sum(data_object_bytes(metadata).values()),
+        user_metadata=user,
+        metrics=dict(record.metrics) if record is not None else None,
+        reason=reason,
+    )

@@ -1,0 +1,164 @@
+"""``snapshotkit info SNAPSHOT``: the header, totals by dtype and a tree of logical paths (manifest only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._inspect.summary import DtypeTotal, Leaf, TreeNode, containers, dtype_totals, leaves, tree
+from snapshotkit.cli._common import EXIT_OK, Common, command_options, compact_json, console, emit_json, format_bytes
+from snapshotkit.snapshot import Snapshot
+
+SCHEMA = "snapshotkit.info/1"
+
+
+@click.command()
+@click.argument("snapshot")
+@click.option(
+    "--depth",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Show the tree down to this many path components; deeper nodes are summed into their parent.",
+)
+@command_options
+def info(snapshot: str, depth: int, *, common: Common) -> int:
+    """Describe SNAPSHOT from its manifest, reading no data.
+
+    The header (format and versions, when it was taken, world size, user metadata), stored
+    tensors by dtype (count and bytes), and the tree of logical paths down to --depth with each
+    leaf's dtype, shape, bytes and sharding: replicated (stored once for every rank), per-rank
+    (each rank its own) or sharded (a DTensor/ShardedTensor, with its shard count).
+    """
+    handle = Snapshot(snapshot, storage_options=common.storage_options)
+    metadata = handle.metadata
+    found = leaves(metadata)
+    nodes = tree(found, containers(metadata), depth)
+    totals = dtype_totals(metadata)
+    if common.json:
+        emit_json(to_json(handle.path, metadata, found, totals, nodes, depth))
+    else:
+        _print(handle.path, metadata, found, totals, nodes)
+    return EXIT_OK
+
+
+def _leaf_json(leaf: Leaf | None) -> dict[str, Any]:
+    if leaf is None:
+        return {"dtype": None, "shape": None, "sharding": None, "ranks": None, "shards": None, "type": None}
+    return {
+        "dtype": leaf.dtype,
+        "shape": list(leaf.shape) if leaf.shape is not None else None,
+        "sharding": leaf.sharding,
+        "ranks": list(leaf.ranks),
+        "shards": leaf.shards,
+        "type": leaf.detail,
+    }
+
+
+def to_json(
+    path: str,
+    metadata: SnapshotMetadata,
+    found: list[Leaf],
+    totals: list[DtypeTotal],
+    nodes: list[TreeNode],
+    depth: int,
+) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "snapshot": path,
+        "format_version": metadata.format_version,
+        "snapshotkit_version": metadata.snapshotkit_version,
+        "torch_version": metadata.torch_version,
+        "created_at": metadata.created_at,
+        "world_size": metadata.world_size,
+        "user_metadata": metadata.user_metadata,
+        "totals": {
+            "leaves": len(found),
+            "bytes": sum(leaf.nbytes for leaf in found),
+            "by_dtype": [{"dtype": t.dtype, "count": t.count, "bytes": t.nbytes} for t in totals],
+        },
+        "depth": depth,
+        "nodes": [
+            {
+                "path": node.path,
+                "depth": node.depth,
+                "kind": node.kind,
+                "leaf": node.leaf is not None,
+                "leaves": node.leaves,
+                "bytes": node.nbytes,
+                "truncated": node.truncated,
+                **_leaf_json(node.leaf),
+            }
+            for node in nodes
+        ],
+    }
+
+
+def _sharding(leaf: Leaf, world_size: int) -> str:
+    if leaf.sharding == "sharded":
+        return f"sharded ({leaf.shards} shards)"
+    if leaf.sharding == "replicated":
+        return "replicated"
+    if world_size == 1:
+        return ""
+    return f"per-rank ({len(leaf.ranks)} of {world_size} ranks)"
+
+
+def _label(node: TreeNode, world_size: int) -> Text:
+    name = node.path.rsplit("/", 1)[-1]
+    leaf = node.leaf
+    if leaf is None:
+        text = Text(f"{name}/", style="bold")
+        what = f"{node.kind}, {node.leaves} leaves, {format_bytes(node.nbytes)}"
+        text.append(f"  {what}{', deeper levels summed' if node.truncated else ''}", style="dim")
+        return text
+    text = Text(name)
+    if leaf.dtype is not None:
+        parts = [f"{leaf.dtype} {list(leaf.shape or ())}", format_bytes(leaf.nbytes)]
+    elif leaf.kind == "object":
+        parts = [f"object {leaf.detail}", format_bytes(leaf.nbytes)]
+    elif leaf.kind == "primitive":
+        parts = [f"{leaf.detail}"]
+    else:
+        parts = [f"empty {leaf.kind}"]
+    sharding = _sharding(leaf, world_size)
+    text.append("  " + "  ".join(p for p in [*parts, sharding] if p), style="cyan")
+    return text
+
+
+def _print(
+    path: str, metadata: SnapshotMetadata, found: list[Leaf], totals: list[DtypeTotal], nodes: list[TreeNode]
+) -> None:
+    out = console()
+    header = Table.grid(padding=(0, 2))
+    header.add_column(style="bold")
+    header.add_column()
+    header.add_row("snapshot", Text(path))
+    header.add_row("format", f"version {metadata.format_version}")
+    header.add_row("written by", f"snapshotkit {metadata.snapshotkit_version}, torch {metadata.torch_version}")
+    header.add_row("created", metadata.created_at)
+    header.add_row("world size", str(metadata.world_size))
+    header.add_row(
+        "user metadata", Text(compact_json(metadata.user_metadata, limit=200) if metadata.user_metadata else "-")
+    )
+    header.add_row("leaves", f"{len(found)} ({format_bytes(sum(leaf.nbytes for leaf in found))} stored)")
+    out.print(header)
+    if totals:
+        table = Table(title="stored values by dtype", title_justify="left")
+        table.add_column("dtype")
+        table.add_column("count", justify="right")
+        table.add_column("bytes", justify="right")
+        for total in totals:
+            table.add_row(total.dtype, str(total.count), f"{format_bytes(total.nbytes)} ({total.nbytes})")
+        out.print(table)
+    root = Tree(Text(path, style="bold"))
+    branches: dict[str, Tree] = {"": root}
+    for node in nodes:
+        parent = node.path.rsplit("/", 1)[0] if "/" in node.path else ""
+        branches[node.path] = branches[parent].add(_label(node, metadata.world_size))
+    out.print(root)

@@ -1,0 +1,100 @@
+"""``snapshotkit ls ROOT``: the ``step_<n>`` snapshots under a root, oldest first."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from snapshotkit._config import snapshot_path
+from snapshotkit._inspect.root import RootSummary, StepSummary, summarize_root
+from snapshotkit.cli._common import EXIT_ERROR, EXIT_OK, Common, command_options, compact_json, console, emit_json
+from snapshotkit.cli._common import format_bytes as human
+
+SCHEMA = "snapshotkit.ls/1"
+
+
+@click.command()
+@click.argument("root")
+@command_options
+def ls(root: str, *, common: Common) -> int:
+    """List the step_<n> snapshots under ROOT (a SnapshotManager's root), oldest first.
+
+    For each: step, status (complete, incomplete: a take that never committed, or damaged: the
+    manifest fails its check), when it was taken, its size (manifest and data objects; unknown
+    when incomplete), the metrics and reason a SnapshotManager saved with it, and the user
+    metadata.
+    """
+    root = snapshot_path(root).rstrip("/")
+    local = local_path(root)
+    if local is not None and not os.path.isdir(local):
+        click.echo(f"snapshotkit ls: error: no directory at {root!r}; check the path", err=True)
+        return EXIT_ERROR
+    summary = summarize_root(root, common.storage_options)
+    if common.json:
+        emit_json(to_json(summary))
+    else:
+        _print(summary)
+    return EXIT_OK
+
+
+def local_path(location: str) -> str | None:
+    """The local directory a path or ``file://`` URI names; None for other schemes."""
+    if location.lower().startswith("file://"):
+        return location[len("file://") :]
+    return None if "://" in location else location
+
+
+def step_json(step: StepSummary) -> dict[str, Any]:
+    return {
+        "step": step.step,
+        "path": step.path,
+        "status": step.status,
+        "complete": step.status == "complete",
+        "created_at": step.created_at,
+        "size_bytes": step.size_bytes,
+        "metrics": step.metrics,
+        "reason": step.reason,
+        "user_metadata": step.user_metadata,
+        "error": step.error,
+    }
+
+
+def to_json(summary: RootSummary) -> dict[str, Any]:
+    return {"schema": SCHEMA, "root": summary.root, "snapshots": [step_json(step) for step in summary.steps]}
+
+
+def _metric(name: str, value: float | None) -> str:
+    return f"{name}={value:.6g}" if value is not None else f"{name}=nan"
+
+
+def _print(summary: RootSummary) -> None:
+    out = console()
+    if not summary.steps:
+        hint = f"; {summary.root!r} is itself a snapshot: try `snapshotkit info`" if summary.is_snapshot else ""
+        out.print(Text(f"no step_<n> snapshots under {summary.root}{hint}"))
+        return
+    table = Table(title=Text(summary.root), title_justify="left", caption=Text(f"paths: {summary.root}/step_<step>"))
+    table.add_column("step", justify="right", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("created (UTC)", no_wrap=True)
+    table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("metrics (reason)", min_width=12)
+    table.add_column("user metadata", overflow="fold", min_width=12)
+    for step in summary.steps:
+        metrics = " ".join(_metric(name, value) for name, value in (step.metrics or {}).items())
+        if step.reason is not None:
+            metrics = f"{metrics} ({step.reason})".strip()
+        status = Text(step.status, style="green" if step.status == "complete" else "yellow")
+        created = (step.created_at or "-").replace("+00:00", "").replace("T", " ")
+        metadata = compact_json(step.user_metadata) if step.user_metadata else step.error or "-"
+        table.add_row(str(step.step), status, created, human(step.size_bytes), Text(metrics or "-"), Text(metadata))
+    out.print(table)
+    complete = [s for s in summary.steps if s.status == "complete"]
+    total = sum(s.size_bytes or 0 for s in complete)
+    others = len(summary.steps) - len(complete)
+    tail = f", {others} not complete" if others else ""
+    out.print(Text(f"{len(summary.steps)} snapshots: {len(complete)} complete ({human(total)}){tail}"))

@@ -1,0 +1,38 @@
+"""The command line's tests share one manager root per module, and leave logging as they found it."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli._cli import make_root
+
+
+@pytest.fixture(scope="module")
+def pristine_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli") / "run"
+    make_root(root)
+    return root
+
+
+@pytest.fixture
+def root(pristine_root: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the module's root, free to damage or prune."""
+    copy = tmp_path / "run"
+    shutil.copytree(pristine_root, copy)
+    return copy
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """In-process commands add a handler to the ``snapshotkit`` logger and set its level."""
+    logger = logging.getLogger("snapshotkit")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
