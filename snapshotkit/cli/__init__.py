@@ -7,6 +7,7 @@
     snapshotkit diff ckpt/step_1000 ckpt/step_2000       # what changed
     snapshotkit prune ckpt --keep-last 3 --dry-run       # retention, as SnapshotManager applies it
     snapshotkit cleanup ckpt                             # remove takes that never committed
+    snapshotkit import model.safetensors ckpt/imported   # torch.save, safetensors, DCP, torchsnapshot in
 
 Every command takes ``--json`` (one JSON document on stdout, schemas in docs/cli.md),
 ``--storage-option KEY=VALUE`` and ``--debug``. Exit status: 0 success, 1 a difference or
@@ -19,6 +20,7 @@ from __future__ import annotations
 import click
 
 from snapshotkit._version import __version__
+from snapshotkit.cli._convert import import_
 from snapshotkit.cli._diff import diff
 from snapshotkit.cli._info import info
 from snapshotkit.cli._ls import ls
@@ -39,5 +41,5 @@ def main() -> None:
     """
 
 
-for _command in (ls, info, show, verify, diff, prune, cleanup):
+for _command in (ls, info, show, verify, diff, prune, cleanup, import_):
     main.add_command(_command)

@@ -94,6 +94,16 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "snapshotkit.prune/1": {"schema": str, "root": str, "dry_run": bool, "deleted": list, "kept": list},
     "snapshotkit.cleanup/1": {"schema": str, "root": str, "dry_run": bool, "removed": list, "left_alone": list},
+    "snapshotkit.import/1": {
+        "schema": str,
+        "source_format": str,
+        "source": str,
+        "snapshot": str,
+        "logical_paths": list,
+        "bytes": int,
+        "seconds": float,
+        "skipped_paths": list,
+    },
 }
 LS_SNAPSHOT_KEYS = {
     "step",

@@ -168,3 +168,32 @@ def _take_on(root: str, endpoint: str) -> None:
 
     with SnapshotManager(root, storage_options={"endpoint_url": endpoint}, preemption_signals=()) as mgr:
         mgr.save(5, {"m": StateDict(w=torch.arange(1000.0))}, metrics={"loss": 0.5})
+
+
+def test_import_a_torch_file_and_refuse_what_is_missing(tmp_path: Path) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    source = tmp_path / "model.pt"
+    torch.save({"model": model.state_dict(), "epoch": 3}, source)
+    out = tmp_path / "imported"
+    done = run_cli("import", str(source), str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    document = parse_json(done.stdout)
+    check_schema(document, "snapshotkit.import/1")
+    assert document["source_format"] == "torch" and document["snapshot"] == str(out)
+    assert "model/weight" in document["logical_paths"]
+
+    from snapshotkit import Snapshot
+
+    fresh = torch.nn.Linear(4, 3)
+    Snapshot(str(out)).restore({"model": fresh})
+    assert torch.equal(fresh.weight, model.weight) and torch.equal(fresh.bias, model.bias)
+
+    again = run_cli("import", str(source), str(out))  # never overwrites a snapshot
+    assert again.returncode == 2 and "already" in again.stderr
+    missing = run_cli("import", str(tmp_path / "nothing.pt"), str(tmp_path / "x"))
+    assert missing.returncode == 2 and missing.stdout == ""
+    wrong = run_cli("import", str(source), str(tmp_path / "y"), "--from", "parquet")
+    assert wrong.returncode == 2
