@@ -14,7 +14,10 @@ from snapshotkit._config import Config, default_memory_budget_bytes
 from snapshotkit.errors import ConfigError
 
 
-def test_argument_beats_environment_beats_default() -> None:
+def test_argument_beats_environment_beats_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default follows the RAM available now: hold it still, or another process's
+    # allocation between the two readings below fails the test.
+    monkeypatch.setattr("snapshotkit._config.available_memory_bytes", lambda: 8 << 30)
     env = {"SNAPSHOTKIT_MEMORY_BUDGET_BYTES": "1_000_000"}
     assert Config.resolve(memory_budget_bytes=5, environ=env).memory_budget_bytes == 5
     assert Config.resolve(environ=env).memory_budget_bytes == 1_000_000
