@@ -8,6 +8,7 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     ├── SnapshotNotFoundError          (FileNotFoundError)  nothing committed at the path
     │   └── IncompleteSnapshotError                        data objects but no manifest
     ├── SnapshotExistsError            (FileExistsError)    take onto an existing snapshot
+    ├── ExportExistsError              (FileExistsError)    export onto an existing file or directory
     ├── InvalidAppStateError           (TypeError)          app_state value is not Stateful
     ├── InvalidArgumentError           (TypeError)          an argument of the wrong type (path=None)
     ├── LogicalPathNotFoundError       (KeyError)           unknown logical path / missing key
@@ -47,6 +48,7 @@ __all__ = [
     "ChecksumMismatchError",
     "CollectiveTimeoutError",
     "ConfigError",
+    "ExportExistsError",
     "IncompleteSnapshotError",
     "IntegrityError",
     "InvalidAppStateError",
@@ -91,6 +93,13 @@ class IncompleteSnapshotError(SnapshotNotFoundError):
 
 class SnapshotExistsError(SnapshotkitError, FileExistsError):
     """A take was asked to write onto a path that already holds a snapshot."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ExportExistsError(SnapshotkitError, FileExistsError):
+    """An export was asked to write onto a path that already exists (it never overwrites)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
