@@ -11,6 +11,7 @@ import snapshotkit
 
 PUBLIC_MODULES = [
     "snapshotkit",
+    "snapshotkit.convert",
     "snapshotkit.errors",
     "snapshotkit.events",
     "snapshotkit.manager",
