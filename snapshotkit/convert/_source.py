@@ -11,13 +11,24 @@ CRC-32C is verified.
 from __future__ import annotations
 
 import dataclasses
+import math
+import mmap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from snapshotkit._config import Config
-from snapshotkit._format.entries import ContainerEntry, DictEntry, Entry, ListEntry, Piece, Shard
+from snapshotkit._format.entries import (
+    ContainerEntry,
+    DictEntry,
+    Entry,
+    ListEntry,
+    Piece,
+    Shard,
+    ShardedTensorEntry,
+    TensorEntry,
+)
 from snapshotkit._format.serialization import byte_view, deserialize_object, dtype_from_name
 from snapshotkit._plan.flatten import Flattened, inflate, join_path, unescape_key
 from snapshotkit._plan.partition import matches_any
@@ -34,6 +45,34 @@ from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
 #: Logical path -> why it is not in the output.
 Skipped = dict[str, str]
+#: Where each new tensor of :func:`fresh_tensors` starts in their shared mapping.
+_TENSOR_ALIGNMENT = 64
+
+
+def fresh_tensors(specs: Mapping[str, tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+    """New contiguous tensors (``name -> (dtype name, shape)``) in one anonymous memory mapping.
+
+    The mapping goes back to the system as soon as the last of the tensors is dropped, whatever
+    the C allocator would do with freed blocks (glibc keeps large ones in the process, so an export
+    reading tensor after tensor through ``torch.empty`` could hold several times its budget).
+    """
+    layout: dict[str, tuple[int, int]] = {}
+    total = 0
+    for name, (dtype_name, shape) in specs.items():
+        nbytes = math.prod(shape) * dtype_from_name(dtype_name).itemsize
+        layout[name] = (total, nbytes)
+        total += -(-nbytes // _TENSOR_ALIGNMENT) * _TENSOR_ALIGNMENT
+    memory = mmap.mmap(-1, max(total, 1))  # the tensors keep it alive
+    tensors: dict[str, torch.Tensor] = {}
+    for name, (dtype_name, shape) in specs.items():
+        dtype = dtype_from_name(dtype_name)
+        offset, nbytes = layout[name]
+        if nbytes == 0:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+            continue
+        flat = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes, offset=offset)
+        tensors[name] = flat.view(dtype).reshape(shape)
+    return tensors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +149,12 @@ def _prune_tree(flat: Flattened, names: Sequence[str], top: str | None, keeps: C
         containers[top] = DictEntry((), entry.ordered) if isinstance(entry, DictEntry) else type(entry)(0)
     ordered = {path: leaves[path] for path in flat.leaves if path in leaves}
     return Tree(containers, ordered, (top,) if top is not None else tuple(kept), top)
+
+
+def _pieces(entry: TensorEntry | ShardedTensorEntry) -> list[Piece]:
+    if isinstance(entry, TensorEntry):
+        return list(entry.pieces)
+    return [piece for shard in entry.shards for piece in shard.pieces]
 
 
 def flatten_view(view: Mapping[str, Entry]) -> tuple[Flattened, tuple[str, ...]]:
@@ -249,55 +294,56 @@ class Source:
                 raise open_failure(exc, self.path)  # noqa: B904 - the cause is set by open_failure
         return self._plugin
 
-    def _fetch(
-        self, claims: Sequence[Claim], allocate: Callable[[], None], reads: Callable[[], Sequence[PieceRead]]
-    ) -> int:
-        return int(run_sync(self._fetch_async(self._storage(), claims, allocate, reads)))
+    def prove(self, claims: Sequence[Claim]) -> int:
+        """Check that the data objects hold the claimed pieces, before anything is allocated or
+        written for them (one byte read per data object; that count is returned).
 
-    async def _fetch_async(
-        self,
-        plugin: StoragePlugin,
-        claims: Sequence[Claim],
-        allocate: Callable[[], None],
-        reads: Callable[[], Sequence[PieceRead]],
-    ) -> int:
+        Raises:
+            TruncatedDataError: a data object ends before a claimed piece does.
+            IntegrityError: a claimed data object is missing.
+        """
+        io_concurrency = self.config.io_concurrency
+        return int(run_sync(check_extents(self._storage(), claims, io_concurrency=io_concurrency)))
+
+    def read(self, reads: Sequence[PieceRead], *, budget_bytes: int | None = None) -> int:
+        """Fetch ``reads`` (merged, verified) with at most ``budget_bytes`` of bounce buffers and
+        gaps at once (default: the export's budget); the bytes read from storage."""
         config = self.config
-        probed_bytes = await check_extents(plugin, claims, io_concurrency=config.io_concurrency)
-        allocate()
-        budget = MemoryBudget(config.memory_budget_bytes)
-        return probed_bytes + await read_pieces(
-            plugin, reads(), budget=budget, io_concurrency=config.io_concurrency, verify=config.verify_checksums
+        budget = MemoryBudget(budget_bytes or config.memory_budget_bytes)
+        fetch = read_pieces(
+            self._storage(), reads, budget=budget, io_concurrency=config.io_concurrency, verify=config.verify_checksums
         )
+        return int(run_sync(fetch))
 
-    def stream(self, claims: Sequence[Claim], reads: Sequence[PieceRead]) -> int:
-        """Run ``reads`` (their consumers write the bytes out); the bytes read from storage."""
-        return self._fetch(claims, lambda: None, lambda: reads)
-
-    def read_tensors(self, entries: Mapping[str, Entry]) -> dict[str, torch.Tensor]:
+    def read_tensors(self, entries: Mapping[str, TensorEntry | ShardedTensorEntry]) -> dict[str, torch.Tensor]:
         """New tensors holding raw tensor and sharded tensor entries (the latter assembled whole),
-        read in one pipeline. Entries with identical pieces (tied weights) give one tensor."""
+        read in one pipeline straight into their memory (:func:`fresh_tensors`)."""
+        claims = [
+            Claim(path, piece, True)
+            for path, entry in entries.items()
+            for piece in (
+                entry.pieces if isinstance(entry, TensorEntry) else [p for s in entry.shards for p in s.pieces]
+            )
+            if piece.nbytes
+        ]
+        self.prove(claims)
+        tensors = fresh_tensors({path: (entry.dtype, entry.shape) for path, entry in entries.items()})
         loader = LeafLoader(weights_only=self.weights_only)
-        thunks = {path: loader.add(path, entry) for path, entry in entries.items()}
-        self._fetch(loader.claims, loader.allocate, lambda: loader.reads)
-        return {path: thunk() for path, thunk in thunks.items()}
+        for path, entry in entries.items():
+            loader.add(path, entry, tensors[path])  # in place: the reads fill the new memory directly
+        self.read(loader.reads)
+        return tensors
 
     def read_shard(self, logical_path: str, dtype_name: str, shard: Shard) -> torch.Tensor:
         """A new tensor holding one stored shard (box) of a sharded tensor, read straight into it."""
-        dtype = dtype_from_name(dtype_name)
-        held: list[torch.Tensor] = []
-        reads: list[PieceRead] = []
-
-        def allocate() -> None:
-            tensor = torch.empty(shard.sizes, dtype=dtype)
-            held.append(tensor)  # byte_view does not keep the tensor alive
-            view, offset = byte_view(tensor), 0
-            for piece in shard.pieces:
-                reads.append(PieceRead(piece, logical_path, direct=view[offset : offset + piece.nbytes]))
-                offset += piece.nbytes
-
-        claims = [Claim(logical_path, piece, True) for piece in shard.pieces if piece.nbytes]
-        self._fetch(claims, allocate, lambda: reads)
-        return held[0]
+        self.prove([Claim(logical_path, piece, True) for piece in shard.pieces if piece.nbytes])
+        tensor = fresh_tensors({logical_path: (dtype_name, shard.sizes)})[logical_path]
+        view, offset, reads = byte_view(tensor), 0, []
+        for piece in shard.pieces:
+            reads.append(PieceRead(piece, logical_path, direct=view[offset : offset + piece.nbytes]))
+            offset += piece.nbytes
+        self.read(reads)
+        return tensor
 
     def load_blobs(self, pieces: Mapping[str, Piece]) -> tuple[dict[str, Any], Skipped]:
         """Load ``torch.save`` payloads (objects, ``torch_save`` tensors) under the ``weights_only``
@@ -323,5 +369,6 @@ class Source:
 
         reads = [PieceRead(piece, path, consume=consumer(path)) for path, piece in pieces.items()]
         claims = [Claim(path, piece, False) for path, piece in pieces.items() if piece.nbytes]
-        self._fetch(claims, lambda: None, lambda: reads)
+        self.prove(claims)
+        self.read(reads)
         return loaded, refused

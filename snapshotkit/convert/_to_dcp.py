@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from snapshotkit._format.entries import DictEntry, Entry, Shard, ShardedTensorEntry, TensorEntry
+from snapshotkit._format.entries import DictEntry, Shard, ShardedTensorEntry, TensorEntry
 from snapshotkit._format.serialization import RAW, dtype_from_name
 from snapshotkit.convert._source import Source, Tree, Written, describe
 from snapshotkit.convert._to_torch import load_values, torch_save_refusal
@@ -157,7 +157,7 @@ class _Planner(DefaultSavePlanner):
 
     def _materialize(self, obj: Any) -> Any:
         """``obj`` with the tensors of the snapshot inside it read (a value DCP stores as bytes)."""
-        found: dict[str, Entry] = {}
+        found: dict[str, TensorEntry | ShardedTensorEntry] = {}
         _placeholders(obj, self._lazy, found)
         if not found:
             return obj
@@ -187,7 +187,9 @@ def _children(obj: Any) -> list[Any]:
     return []
 
 
-def _placeholders(obj: Any, lazy: Mapping[int, tuple[str, Any, Any]], found: dict[str, Entry]) -> None:
+def _placeholders(
+    obj: Any, lazy: Mapping[int, tuple[str, Any, Any]], found: dict[str, TensorEntry | ShardedTensorEntry]
+) -> None:
     stack = [obj]
     while stack:
         value = stack.pop()

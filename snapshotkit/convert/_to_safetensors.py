@@ -1,4 +1,4 @@
-"""Export to safetensors: tensors only, streamed from the snapshot into their final place.
+"""Export to safetensors: tensors only, streamed from the snapshot into place.
 
 The format (safetensors README, "Format"): an 8-byte little-endian header length ``N``, ``N`` bytes
 of JSON header (``{"__metadata__": {...}, key: {"dtype", "shape", "data_offsets": [begin, end]}}``,
@@ -6,13 +6,14 @@ offsets relative to the data buffer, the tensors filling it without gaps), padde
 the data starts at a multiple of 8, then the data buffer.
 
 Each file's header is computed from the manifest alone (dtype, shape, byte size), so the whole
-file is laid out before a byte of tensor data is read. The pieces are then fetched through the
-restore pipeline (under the memory budget, a piece larger than the budget in budget-sized
-sub-ranges with a running checksum, every checksum verified) and each consumer writes its bytes
-straight to their offset in the file (``os.pwrite``), in whatever order they arrive: the export
-holds at most the budget in flight, however large the snapshot or its tensors. A sharded tensor
-is assembled in the file: each stored piece (whole dim-0 rows of a shard) is written as the runs
-of consecutive elements it covers in the global tensor (one run for shards along dim 0).
+file is laid out before a byte of tensor data is read. The pieces are then copied in file order
+through the restore pipeline (:mod:`snapshotkit._restore.fetch`: ranged reads, every checksum
+verified), double-buffered within the memory budget: a window of pieces is read straight into one
+of two reused buffers while a thread writes the previous window out of the other; a piece larger
+than a buffer is streamed alone in budget-sized sub-ranges with a running checksum. So the
+export holds at most the budget, however large the snapshot or its tensors. A sharded tensor is
+assembled in the file: each stored piece (whole dim-0 rows of a shard) is written as the runs of
+consecutive elements it covers in the global tensor (one run when only dim 0 is split).
 
 Within a file, tensors are ordered by decreasing item size, then key (as ``safetensors`` does),
 so that every tensor starts at a multiple of its item size. With ``max_shard_bytes``, the output
@@ -27,16 +28,16 @@ import json
 import math
 import os
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from snapshotkit._format.dtypes import RAW_ITEMSIZE
 from snapshotkit._format.entries import Entry, ShardedTensorEntry, TensorEntry
 from snapshotkit._format.serialization import RAW
-from snapshotkit._format.sharded import Box, piece_boxes
 from snapshotkit._plan.flatten import unescape_key
-from snapshotkit._restore.fetch import Claim, PieceRead
+from snapshotkit._restore.fetch import Claim
 from snapshotkit.convert._source import Skipped, Source, Written, describe
+from snapshotkit.convert._stream import copy_pieces, preallocate, pwrite_all, spans
 from snapshotkit.errors import ConfigError
 
 #: snapshotkit dtype -> safetensors dtype, for every dtype ``safetensors.torch`` loads.
@@ -60,7 +61,6 @@ DTYPES: dict[str, str] = {
     "uint32": "U32",
     "uint16": "U16",
 }
-PieceConsumer = Callable[[int, memoryview], None]
 
 #: safetensors refuses headers larger than this.
 MAX_HEADER_BYTES = 100_000_000
@@ -226,17 +226,10 @@ def _layout(name: str, tensors: Sequence[_Tensor]) -> _File:
     return _File(name, tuple(ordered), tuple(offsets), struct.pack("<Q", len(text)) + text)
 
 
-def _pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view.nbytes:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-
-
 def _write_bytes(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        _pwrite_all(fd, data, 0)
+        pwrite_all(fd, data, 0)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -253,79 +246,18 @@ def _fsync(path: Path) -> None:
 def _write_file(source: Source, file: _File, path: Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        _pwrite_all(fd, file.header, 0)
-        os.ftruncate(fd, file.size)
-        claims: list[Claim] = []
-        reads: list[PieceRead] = []
-        for tensor, offset in zip(file.tensors, file.offsets, strict=True):
-            _plan_reads(fd, len(file.header) + offset, tensor, claims, reads)
-        source.stream(claims, reads)
+        pieces = [
+            span
+            for tensor, offset in zip(file.tensors, file.offsets, strict=True)
+            for span in spans(fd, len(file.header) + offset, tensor.logical_path, tensor.entry)
+        ]
+        # The data objects are proven to hold every piece before the file gets its size.
+        source.prove([Claim(span.logical_path, span.piece, False) for span in pieces if span.piece.nbytes])
+        preallocate(fd, file.size)
+        pwrite_all(fd, file.header, 0)
+        copy_pieces(source, fd, pieces)
+        if os.fstat(fd).st_size != file.size:  # not preallocated, and the last tensors are empty
+            os.ftruncate(fd, file.size)
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _plan_reads(fd: int, start: int, tensor: _Tensor, claims: list[Claim], reads: list[PieceRead]) -> None:
-    """The reads that write ``tensor``'s bytes at ``start`` of the file ``fd``."""
-    entry, itemsize, path = tensor.entry, tensor.itemsize, tensor.logical_path
-    if isinstance(entry, TensorEntry):
-        offset = 0
-        for piece in entry.pieces:
-            consume = _contiguous_writer(fd, start + offset)
-            reads.append(PieceRead(piece, path, consume=consume, splittable=True, itemsize=itemsize))
-            offset += piece.nbytes
-        claims.extend(Claim(path, piece, False) for piece in entry.pieces if piece.nbytes)
-        return
-    for shard in entry.shards:
-        sizes = [piece.nbytes for piece in shard.pieces]
-        for piece, box in zip(shard.pieces, piece_boxes(Box(shard.offsets, shard.sizes), sizes, itemsize), strict=True):
-            consume = _box_writer(fd, start, entry.shape, box, itemsize)
-            reads.append(PieceRead(piece, path, consume=consume, splittable=True, itemsize=itemsize))
-        claims.extend(Claim(path, piece, False) for piece in shard.pieces if piece.nbytes)
-
-
-def _contiguous_writer(fd: int, start: int) -> PieceConsumer:
-    def consume(within: int, data: memoryview) -> None:
-        _pwrite_all(fd, data, start + within)
-
-    return consume
-
-
-def _box_writer(fd: int, start: int, shape: tuple[int, ...], box: Box, itemsize: int) -> PieceConsumer:
-    """Writes elements of ``box`` (row-major, from any element on) where they sit in the global tensor."""
-
-    def consume(within: int, data: memoryview) -> None:
-        first = within // itemsize
-        position = 0
-        for global_element, count in box_runs(shape, box, first, first + data.nbytes // itemsize):
-            nbytes = count * itemsize
-            _pwrite_all(fd, data[position : position + nbytes], start + global_element * itemsize)
-            position += nbytes
-
-    return consume
-
-
-def box_runs(shape: Sequence[int], box: Box, first: int, stop: int) -> Iterator[tuple[int, int]]:
-    """``(global element index, count)`` of the runs of consecutive global elements that elements
-    ``[first, stop)`` of ``box`` (counted row-major within the box) occupy in a tensor of ``shape``.
-
-    Dimensions after ``split`` span the whole tensor, so a run is ``prod(box.sizes[split:])``
-    elements: the whole box when it cuts only dim 0, one row of the last dimension when it cuts
-    that one too.
-    """
-    ndim = len(shape)
-    split = ndim - 1
-    while split > 0 and box.sizes[split] == shape[split]:
-        split -= 1
-    strides = [math.prod(shape[d + 1 :]) for d in range(ndim)]
-    run = math.prod(box.sizes[split:]) if ndim else 1
-    index = first
-    while index < stop:
-        number, within = divmod(index, run)
-        base = box.offsets[split] * strides[split] if ndim else 0
-        for d in range(split - 1, -1, -1):  # the run's position in dims before ``split``
-            number, coordinate = divmod(number, box.sizes[d])
-            base += (box.offsets[d] + coordinate) * strides[d]
-        count = min(run - within, stop - index)
-        yield base + within, count
-        index += count

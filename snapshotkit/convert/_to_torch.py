@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from snapshotkit._format.entries import Entry, ObjectEntry, Piece, PrimitiveEntry, ShardedTensorEntry, TensorEntry
+from snapshotkit._format.entries import ObjectEntry, Piece, PrimitiveEntry, ShardedTensorEntry, TensorEntry
 from snapshotkit._format.serialization import RAW, dtype_from_name
 from snapshotkit.convert._source import Skipped, Source, Tree, Written, describe
 from snapshotkit.errors import ManifestError
@@ -243,11 +243,11 @@ def _flush(source: Source, writer: Any, batch: Mapping[str, _Placeholder]) -> No
     """Read the tensors of ``batch`` (in one pipeline, under the budget) and write their records."""
     if not batch:
         return
-    entries: dict[str, Entry] = {p.logical_path: p.entry for p in batch.values()}
+    entries = {p.logical_path: p.entry for p in batch.values()}
     tensors = source.read_tensors(entries)
     for key, placeholder in batch.items():
         tensor = tensors.pop(placeholder.logical_path)
-        # A new tensor (LeafLoader allocates each with torch.empty): its storage is exactly its bytes.
+        # A new contiguous tensor of its own (fresh_tensors): its storage is exactly its bytes.
         _write_record(writer, f"data/{key}", tensor.untyped_storage())
         del tensor
 

@@ -1,50 +1,35 @@
-"""The safetensors writer's pieces: where a stored box's elements land in the global tensor."""
+"""The safetensors writer's naming and layout, below the end-to-end tests of test_export.py."""
 
 from __future__ import annotations
 
-import math
+import json
+import struct
 
-import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from snapshotkit._format.sharded import Box
-from snapshotkit.convert._to_safetensors import box_runs, key_of
-
-
-@st.composite
-def _boxes(draw: st.DrawFn) -> tuple[tuple[int, ...], Box, int, int]:
-    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=0, max_size=4)))
-    offsets, sizes = [], []
-    for size in shape:
-        start = draw(st.integers(0, size - 1))
-        offsets.append(start)
-        sizes.append(draw(st.integers(1, size - start)))
-    numel = math.prod(sizes)
-    first = draw(st.integers(0, numel))
-    stop = draw(st.integers(first, numel))
-    return shape, Box(tuple(offsets), tuple(sizes)), first, stop
-
-
-@settings(max_examples=300, deadline=None)
-@given(_boxes())
-def test_box_runs_cover_exactly_the_box_elements_in_order(case: tuple[tuple[int, ...], Box, int, int]) -> None:
-    shape, box, first, stop = case
-    indices = np.arange(math.prod(shape)).reshape(shape)
-    region = indices[tuple(slice(o, o + n) for o, n in zip(box.offsets, box.sizes))] if shape else indices
-    wanted = region.reshape(-1)[first:stop].tolist()
-    runs = list(box_runs(shape, box, first, stop))
-    got = [index for start, count in runs for index in range(start, start + count)]
-    assert got == wanted
-    assert all(count > 0 for _, count in runs)
-
-
-def test_one_run_per_piece_when_only_dim_0_is_cut() -> None:
-    assert list(box_runs((10, 4, 3), Box((2, 0, 0), (5, 4, 3)), 0, 60)) == [(24, 60)]
-    assert list(box_runs((10, 4), Box((0, 1), (2, 2)), 0, 4)) == [(1, 2), (5, 2)]
+from snapshotkit._format.entries import PrimitiveEntry, TensorEntry
+from snapshotkit.convert._to_safetensors import key_of, plan, refusal
 
 
 def test_keys_are_logical_paths_with_dots_and_unescaped_keys() -> None:
     assert key_of("model/layer1.weight", None) == "model.layer1.weight"
     assert key_of("model/layer1.weight", "model/") == "layer1.weight"
     assert key_of("extras/a%2Fb/c%25d", "extras/") == "a/b.c%d"
+
+
+def test_layout_orders_by_item_size_then_key_and_pads_the_header_to_8() -> None:
+    entries = {
+        "m/a": TensorEntry("float16", (3,), "raw", ()),
+        "m/b": TensorEntry("float64", (2,), "raw", ()),
+        "m/c": TensorEntry("uint8", (5,), "raw", ()),
+        "m/d": TensorEntry("float32", (1,), "raw", ()),
+        "m/n": PrimitiveEntry.of(3),
+    }
+    laid = plan(entries, "m/", None)
+    (file,) = laid.files
+    assert [t.key for t in file.tensors] == ["b", "d", "a", "c"]
+    assert file.offsets == (0, 16, 20, 26)
+    (length,) = struct.unpack("<Q", file.header[:8])
+    assert len(file.header) == 8 + length and len(file.header) % 8 == 0
+    header = json.loads(file.header[8:])
+    assert header["a"] == {"dtype": "F16", "shape": [3], "data_offsets": [20, 26]}
+    assert file.size == len(file.header) + 31
+    assert dict(laid.skipped) == {"m/n": refusal(entries["m/n"])}
