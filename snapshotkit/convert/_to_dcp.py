@@ -14,7 +14,8 @@ them as it does for any checkpoint. DCP needs no process group for that.
 Memory: ``FileSystemWriter`` keeps every tensor of a file referenced until the file is closed
 (torch 2.13), so a one-file checkpoint holds the whole state at once. When the tensors add up to
 more than the memory budget, every value gets a file of its own (``single_file_per_rank=False``)
-and the export holds one tensor (or shard) at a time; otherwise one file holds everything.
+and the export holds one tensor (or shard) at a time, plus the copy ``torch.save`` makes of it
+inside the writer; otherwise one file holds everything.
 """
 
 from __future__ import annotations
