@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import io
 import math
 import os
@@ -53,6 +54,7 @@ class _StorageKind:
     counts_bytes: bool
 
 
+@functools.cache  # a snapshot has few dtypes and many tensors
 def storage_kind(dtype_name: str) -> _StorageKind | None:
     """How ``torch.save`` stores tensors of ``dtype_name``; None if it cannot (``int4``...)."""
     dtype = dtype_from_name(dtype_name)
