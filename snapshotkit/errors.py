@@ -9,6 +9,7 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     │   ├── IncompleteSnapshotError                        data objects but no manifest
     │   └── ForeignCheckpointError                         another library's checkpoint is there
     ├── SnapshotExistsError            (FileExistsError)    take onto an existing snapshot
+    ├── ExportExistsError              (FileExistsError)    export onto an existing file or directory
     ├── InvalidAppStateError           (TypeError)          app_state value is not Stateful
     ├── InvalidArgumentError           (TypeError)          an argument of the wrong type (path=None)
     ├── LogicalPathNotFoundError       (KeyError)           unknown logical path / missing key
@@ -49,6 +50,7 @@ __all__ = [
     "ChecksumMismatchError",
     "CollectiveTimeoutError",
     "ConfigError",
+    "ExportExistsError",
     "ForeignCheckpointError",
     "ImportSourceError",
     "IncompleteSnapshotError",
@@ -109,6 +111,13 @@ class ForeignCheckpointError(SnapshotNotFoundError):
 
 class SnapshotExistsError(SnapshotkitError, FileExistsError):
     """A take was asked to write onto a path that already holds a snapshot."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ExportExistsError(SnapshotkitError, FileExistsError):
+    """An export was asked to write onto a path that already exists (it never overwrites)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

@@ -15,7 +15,7 @@ Pure: applied by each rank to its own flattened state, before anything is descri
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from snapshotkit._format.entries import ContainerEntry, DictEntry, join_path
 from snapshotkit._plan.flatten import Flattened
@@ -55,19 +55,25 @@ class Selection:
 
     def apply(self, flat: Flattened, root: str) -> Flattened | None:
         """The part of ``flat`` (flattened at ``root``) this selection keeps; None when nothing is."""
-        kept = _kept_nodes(flat, root, self)
-        if root not in kept:
-            return None
-        containers: dict[str, ContainerEntry] = {}
-        for path, entry in flat.containers.items():
-            if path not in kept:
-                continue
-            if isinstance(entry, DictEntry):
-                keys = tuple(key for key in entry.keys if join_path(path, key) in kept)
-                entry = entry if keys == entry.keys else DictEntry(keys, entry.ordered)
-            containers[path] = entry
-        leaves = {path: value for path, value in flat.leaves.items() if path in kept}
-        return Flattened(containers, leaves)
+        return prune(flat, root, self.keeps)
+
+
+def prune(flat: Flattened, root: str, keeps: Callable[[str], bool]) -> Flattened | None:
+    """The part of ``flat`` (flattened at ``root``) made of the leaves ``keeps`` accepts and the
+    containers that hold them, by the rules of the module docstring; None when nothing is left."""
+    kept = _kept_nodes(flat, root, keeps)
+    if root not in kept:
+        return None
+    containers: dict[str, ContainerEntry] = {}
+    for path, entry in flat.containers.items():
+        if path not in kept:
+            continue
+        if isinstance(entry, DictEntry):
+            keys = tuple(key for key in entry.keys if join_path(path, key) in kept)
+            entry = entry if keys == entry.keys else DictEntry(keys, entry.ordered)
+        containers[path] = entry
+    leaves = {path: value for path, value in flat.leaves.items() if path in kept}
+    return Flattened(containers, leaves)
 
 
 def _patterns(name: str, value: object) -> tuple[str, ...]:
@@ -99,9 +105,9 @@ def _children(path: str, entry: ContainerEntry) -> list[str]:
     return [join_path(path, index) for index in range(entry.length)]
 
 
-def _kept_nodes(flat: Flattened, root: str, selection: Selection) -> set[str]:
+def _kept_nodes(flat: Flattened, root: str, keeps: Callable[[str], bool]) -> set[str]:
     """Every node that stays: selected leaves, and containers kept by the rules of the module docstring."""
-    alive = {path for path in flat.leaves if selection.keeps(path)}
+    alive = {path for path in flat.leaves if keeps(path)}
     whole = set(alive)  # alive with nothing below dropped
     # Deepest first, so a container's children are decided before it. Logical paths escape "/"
     # inside keys, so the number of "/" is the depth.
@@ -109,7 +115,7 @@ def _kept_nodes(flat: Flattened, root: str, selection: Selection) -> set[str]:
         entry = flat.containers[path]
         children = _children(path, entry)
         if not children:
-            keep = selection.keeps(path)  # an empty container is a leaf
+            keep = keeps(path)  # an empty container is a leaf
         elif isinstance(entry, DictEntry):
             keep = any(child in alive for child in children)
         else:
