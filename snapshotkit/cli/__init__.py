@@ -7,6 +7,7 @@
     snapshotkit diff ckpt/step_1000 ckpt/step_2000       # what changed
     snapshotkit prune ckpt --keep-last 3 --dry-run       # retention, as SnapshotManager applies it
     snapshotkit cleanup ckpt                             # remove takes that never committed
+    snapshotkit export ckpt/step_1000 model.safetensors --to safetensors --select 'model/**' --strip-prefix model/
     snapshotkit import model.safetensors ckpt/imported   # torch.save, safetensors, DCP, torchsnapshot in
 
 Every command takes ``--json`` (one JSON document on stdout, schemas in docs/cli.md),
@@ -20,7 +21,7 @@ from __future__ import annotations
 import click
 
 from snapshotkit._version import __version__
-from snapshotkit.cli._convert import import_
+from snapshotkit.cli._convert import export, import_
 from snapshotkit.cli._diff import diff
 from snapshotkit.cli._info import info
 from snapshotkit.cli._ls import ls
@@ -41,5 +42,5 @@ def main() -> None:
     """
 
 
-for _command in (ls, info, show, verify, diff, prune, cleanup, import_):
+for _command in (ls, info, show, verify, diff, prune, cleanup, export, import_):
     main.add_command(_command)

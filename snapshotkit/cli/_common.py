@@ -70,7 +70,7 @@ def _storage_options(ctx: click.Context, param: click.Parameter, pairs: tuple[st
     return options
 
 
-def _byte_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+def byte_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     """A byte count: ``268435456``, ``256MiB``, ``64M`` (binary units), ``1GB`` (decimal)."""
     if value is None:
         return None
@@ -87,7 +87,7 @@ def memory_budget_option(func: F) -> F:
         "memory_budget_bytes",
         metavar="BYTES",
         default=None,
-        callback=_byte_size,
+        callback=byte_size,
         help="Host bytes the reads may hold at once (e.g. 256MiB; default: as for restore).",
     )(func)
 

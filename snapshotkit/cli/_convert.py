@@ -1,8 +1,9 @@
-"""``snapshotkit import SRC OUT``: another library's checkpoint in, a snapshot out.
+"""``snapshotkit export SNAPSHOT OUT`` and ``snapshotkit import SRC OUT``: snapshots out to, and
+checkpoints in from, torch.save, safetensors, DCP (and torchsnapshot, in).
 
-A thin face of :func:`snapshotkit.convert.import_snapshot`: the source's format is detected
-unless ``--from`` names it; nothing from the source is unpickled beyond tensors and plain values
-unless ``--unsafe`` is given (``weights_only=False``, for sources you trust).
+Thin faces of :func:`snapshotkit.convert.export_snapshot` and
+:func:`snapshotkit.convert.import_snapshot`. Nothing is unpickled beyond tensors and plain values
+unless ``--unsafe`` is given (``weights_only=False``, for snapshots and sources you trust).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from snapshotkit._format.foreign import SOURCE_FORMATS
 from snapshotkit.cli._common import (
     EXIT_OK,
     Common,
+    byte_size,
     command_options,
     console,
     emit_json,
@@ -21,9 +23,83 @@ from snapshotkit.cli._common import (
     memory_budget_option,
     plural,
 )
-from snapshotkit.convert import import_snapshot
+from snapshotkit.convert import export_snapshot, import_snapshot
 
 IMPORT_SCHEMA = "snapshotkit.import/1"
+EXPORT_SCHEMA = "snapshotkit.export/1"
+
+
+@click.command()
+@click.argument("snapshot")
+@click.argument("out")
+@click.option(
+    "--to", "to", type=click.Choice(["torch", "safetensors", "dcp"]), required=True, help="The format to write."
+)
+@click.option(
+    "--select",
+    multiple=True,
+    metavar="GLOB",
+    help="Only the logical paths matching this glob (repeatable; e.g. 'model/**').",
+)
+@click.option("--strip-prefix", default=None, help="Removed from the start of every selected path (e.g. 'model/').")
+@click.option(
+    "--max-shard-bytes",
+    default=None,
+    metavar="BYTES",
+    callback=byte_size,
+    help="safetensors: write Hugging Face shards of at most this size and model.safetensors.index.json.",
+)
+@click.option("--unsafe", is_flag=True, help="Unpickle arbitrary stored objects (weights_only=False).")
+@memory_budget_option
+@command_options
+def export(
+    snapshot: str,
+    out: str,
+    to: str,
+    select: tuple[str, ...],
+    strip_prefix: str | None,
+    max_shard_bytes: int | None,
+    unsafe: bool,
+    memory_budget_bytes: int | None,
+    *,
+    common: Common,
+) -> int:
+    """Write SNAPSHOT as a torch.save file, safetensors file(s) or a DCP directory at OUT (a local
+    path that does not exist yet), for torch.load, safetensors / Hugging Face loaders or
+    torch.distributed.checkpoint.load. Values a format cannot hold are listed as skipped."""
+    report = export_snapshot(
+        snapshot,
+        out,
+        to=to,
+        select=list(select) or None,
+        strip_prefix=strip_prefix,
+        max_shard_bytes=max_shard_bytes,
+        storage_options=common.storage_options,
+        memory_budget_bytes=memory_budget_bytes,
+        weights_only=not unsafe,
+    )
+    if common.json:
+        emit_json(
+            {
+                "schema": EXPORT_SCHEMA,
+                "format": report.format,
+                "files": list(report.files),
+                "tensors_written": report.tensors_written,
+                "bytes_written": report.bytes_written,
+                "skipped": [{"logical_path": path, "reason": reason} for path, reason in report.skipped],
+            }
+        )
+        return EXIT_OK
+    out_console = console()
+    out_console.print(
+        Text(
+            f"exported {snapshot} -> {out} as {report.format}: {plural(report.tensors_written, 'tensor')}, "
+            f"{format_bytes(report.bytes_written)} in {plural(len(report.files), 'file')}"
+        )
+    )
+    for path, reason in report.skipped:
+        out_console.print(Text(f"skipped {path}: {reason}"))
+    return EXIT_OK
 
 
 @click.command(name="import")

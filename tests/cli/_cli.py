@@ -94,6 +94,14 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "snapshotkit.prune/1": {"schema": str, "root": str, "dry_run": bool, "deleted": list, "kept": list},
     "snapshotkit.cleanup/1": {"schema": str, "root": str, "dry_run": bool, "removed": list, "left_alone": list},
+    "snapshotkit.export/1": {
+        "schema": str,
+        "format": str,
+        "files": list,
+        "tensors_written": int,
+        "bytes_written": int,
+        "skipped": list,
+    },
     "snapshotkit.import/1": {
         "schema": str,
         "source_format": str,

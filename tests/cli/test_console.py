@@ -197,3 +197,34 @@ def test_import_a_torch_file_and_refuse_what_is_missing(tmp_path: Path) -> None:
     assert missing.returncode == 2 and missing.stdout == ""
     wrong = run_cli("import", str(source), str(tmp_path / "y"), "--from", "parquet")
     assert wrong.returncode == 2
+
+
+def test_export_to_safetensors_loads_into_the_model(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from snapshotkit import Snapshot, StateDict
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    Snapshot.take(str(tmp_path / "snap"), {"model": model, "progress": StateDict(step=7)})
+    out = tmp_path / "model.safetensors"
+    done = run_cli(
+        "export", str(tmp_path / "snap"), str(out), "--to", "safetensors", "--select", "model/**",
+        "--strip-prefix", "model/", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    document = parse_json(done.stdout)
+    check_schema(document, "snapshotkit.export/1")
+    assert document["format"] == "safetensors" and document["tensors_written"] == 2
+    fresh = torch.nn.Linear(4, 3)
+    fresh.load_state_dict(load_file(out))
+    assert torch.equal(fresh.weight, model.weight)
+
+    everything = run_cli("export", str(tmp_path / "snap"), str(tmp_path / "all.safetensors"), "--to", "safetensors")
+    assert everything.returncode == 0, everything.stderr
+    assert "skipped progress/step" in everything.stdout  # a non-tensor is listed, never dropped silently
+    again = run_cli("export", str(tmp_path / "snap"), str(out), "--to", "safetensors")
+    assert again.returncode == 2 and out.exists()
+    missing = run_cli("export", str(tmp_path / "nothing"), str(tmp_path / "x.pt"), "--to", "torch")
+    assert missing.returncode == 2

@@ -285,7 +285,7 @@ def test_safetensors_sharded_in_the_hugging_face_layout(taken: tuple[Path, dict[
 
 
 def test_safetensors_streams_a_tensor_larger_than_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from snapshotkit.convert import _source
+    from snapshotkit.convert import _export_source as _source
 
     big = torch.randn(256, 1024)  # 1 MiB, one piece
     small = {f"small{i}": torch.full((1000 + i,), float(i)) for i in range(20)}  # windows of several pieces
