@@ -159,6 +159,19 @@ def test_ls_and_verify_on_s3(seaweed_s3_endpoint: str, tmp_path: Path) -> None:
     done = run_cli("verify", f"{root}/step_5", "--json", "-o", option)
     assert done.returncode == 0, done.stderr
     assert parse_json(done.stdout)["ok"]
+    # export from s3:// to a local file, and import that file back into s3://
+    exported = tmp_path / "state.pt"
+    done = run_cli("export", f"{root}/step_5", str(exported), "--to", "torch", "-o", option)
+    assert done.returncode == 0, done.stderr
+    done = run_cli("import", str(exported), f"{root}/imported", "--json", "-o", option)
+    assert done.returncode == 0, done.stderr
+    assert "m/w" in parse_json(done.stdout)["logical_paths"]
+    import torch
+
+    from snapshotkit import Snapshot
+
+    back = Snapshot(f"{root}/imported", storage_options={"endpoint_url": seaweed_s3_endpoint}).read_object("m/w")
+    assert torch.equal(back, torch.arange(1000.0))
 
 
 def _take_on(root: str, endpoint: str) -> None:
@@ -228,3 +241,18 @@ def test_export_to_safetensors_loads_into_the_model(tmp_path: Path) -> None:
     assert again.returncode == 2 and out.exists()
     missing = run_cli("export", str(tmp_path / "nothing"), str(tmp_path / "x.pt"), "--to", "torch")
     assert missing.returncode == 2
+
+
+def test_export_of_a_corrupt_snapshot_exits_1_and_writes_nothing(tmp_path: Path) -> None:
+    import torch
+
+    from snapshotkit import Snapshot, StateDict
+
+    Snapshot.take(str(tmp_path / "snap"), {"m": StateDict(w=torch.arange(1000.0))})
+    data_object, start, _ = piece_of(tmp_path / "snap", "m/w")
+    flip_byte(data_object, start)
+    out = tmp_path / "out.safetensors"
+    done = run_cli("export", str(tmp_path / "snap"), str(out), "--to", "safetensors")
+    assert done.returncode == 1, done.stderr
+    assert "m/w" in done.stderr and "snapshotkit verify" in done.stderr
+    assert not out.exists()
