@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,9 +19,10 @@ from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME
 from snapshotkit._inspect.pieces import data_object_bytes
 from snapshotkit._lifecycle.catalog import MANAGER_KEY, empty_step_dirs, manager_record, parse_listing, step_dir
-from snapshotkit._runtime.loop import gather_or_cancel, run_sync
-from snapshotkit.errors import ManifestError, SnapshotkitError, StorageError
-from snapshotkit.storage import StoragePlugin, open_storage_plugin
+from snapshotkit._lifecycle.janitor import run_on_root
+from snapshotkit._runtime.loop import gather_or_cancel
+from snapshotkit.errors import ManifestError
+from snapshotkit.storage import StoragePlugin
 
 #: Manifests read at once.
 _READ_CONCURRENCY = 8
@@ -71,23 +73,9 @@ def summarize_root(root: str, storage_options: Mapping[str, Any] | None) -> Root
         StorageError: listing or reading failed (the message names the root).
     """
     root = root.rstrip("/")
-
-    async def run() -> RootSummary:
-        plugin = open_storage_plugin(root, dict(storage_options or {}))
-        try:
-            return await _summarize(plugin, root)
-        finally:
-            await plugin.close()
-
-    try:
-        return run_sync(run())
-    except SnapshotkitError:
-        raise
-    except Exception as exc:
-        raise StorageError(
-            f"listing the snapshots under {root!r} failed: {type(exc).__name__}: {exc}. Check that the root is "
-            "reachable, the storage options (credentials, endpoint_url) and that you may list it"
-        ) from exc
+    return run_on_root(
+        root, storage_options or {}, functools.partial(_summarize, root=root), f"listing the snapshots under {root!r}"
+    )
 
 
 async def _summarize(plugin: StoragePlugin, root: str) -> RootSummary:

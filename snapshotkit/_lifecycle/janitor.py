@@ -11,7 +11,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from snapshotkit import _events
@@ -120,24 +120,31 @@ class RootJanitor:
         _events.emit(kind, path=path, step=objects.step, rank=0, seconds=seconds)
 
     def _run(self, call: Callable[[StoragePlugin], Coroutine[Any, Any, T]], what: str) -> T:
-        """Run ``call`` on a plugin for the root; storage failures become a :class:`StorageError`."""
+        return run_on_root(self.root, self._options, call, f"SnapshotManager: {what}")
 
-        async def run() -> T:
-            plugin = open_storage_plugin(self.root, self._options)
-            try:
-                return await call(plugin)
-            finally:
-                await plugin.close()
 
+def run_on_root(
+    root: str, storage_options: Mapping[str, Any], call: Callable[[StoragePlugin], Coroutine[Any, Any, T]], what: str
+) -> T:
+    """Run ``call`` on a plugin opened for ``root``, then close it; a storage failure becomes a
+    :class:`StorageError` saying ``what`` failed, naming the root, with the failure as its cause."""
+
+    async def run() -> T:
+        plugin = open_storage_plugin(root, dict(storage_options))
         try:
-            return run_sync(run())
-        except SnapshotkitError:
-            raise
-        except Exception as exc:
-            raise StorageError(
-                f"SnapshotManager: {what} failed: {type(exc).__name__}: {exc}. Check that the root "
-                f"{self.root!r} is reachable and that you may list and delete there"
-            ) from exc
+            return await call(plugin)
+        finally:
+            await plugin.close()
+
+    try:
+        return run_sync(run())
+    except SnapshotkitError:
+        raise
+    except Exception as exc:
+        raise StorageError(
+            f"{what} failed: {type(exc).__name__}: {exc}. Check that the root {root!r} is reachable, the storage "
+            "options (credentials, endpoint_url) and your permissions there"
+        ) from exc
 
 
 async def _listing_and_empty_dirs(plugin: StoragePlugin) -> tuple[RootListing, list[int]]:
