@@ -18,40 +18,13 @@ import math
 from typing import Any
 
 from snapshotkit._config import Config, snapshot_path
-from snapshotkit._inspect.compare import compare_snapshots
+from snapshotkit._inspect.compare import PathChange, compare_snapshots
 from snapshotkit._inspect.reader import SnapshotReader
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit.errors import ConfigError
 from snapshotkit.snapshot import Snapshot
 
 __all__ = ["DiffReport", "PathChange", "diff_snapshots"]
-
-
-@dataclasses.dataclass(frozen=True)
-class PathChange:
-    """A logical path both snapshots hold, with different contents.
-
-    Attributes:
-        logical_path: the logical path (``"<rank>/<logical path>"`` unless both snapshots were
-            taken by one rank).
-        what: the first difference found: ``"kind"`` (a tensor here, an object there...),
-            ``"dtype"``, ``"shape"``, ``"values"`` (tensor elements differ beyond the tolerance)
-            or ``"value"`` (a primitive or object differs).
-        a: A's side, described (``"tensor float32 [2, 3]"``, ``"primitive int 3"``...).
-        b: B's side, described.
-        max_abs_diff: for ``"values"``: the largest ``|a - b|`` (float64; of the complex
-            difference's magnitude) over elements finite on both sides; None for dtypes without a
-            numeric value and otherwise.
-        mismatched: for ``"values"``: how many elements differ beyond the tolerance (a NaN on one
-            side only counts); None otherwise.
-    """
-
-    logical_path: str
-    what: str
-    a: str
-    b: str
-    max_abs_diff: float | None = None
-    mismatched: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,5 +111,5 @@ def diff_snapshots(
         SnapshotReader(where_b, options, config, budget) as reader_b,
     ):
         found = compare_snapshots(reader_a, metadata_a, reader_b, metadata_b, atol=float(atol), rtol=float(rtol))
-    changed = tuple(PathChange(**dataclasses.asdict(change)) for change in found.changed)
+    changed = found.changed
     return DiffReport(where_a, where_b, found.added, found.removed, changed, found.compared, float(atol), float(rtol))

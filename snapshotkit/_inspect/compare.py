@@ -32,8 +32,23 @@ _REPR_CHARS = 60
 
 
 @dataclasses.dataclass(frozen=True)
-class Change:
-    """See :class:`snapshotkit.diff.PathChange`."""
+class PathChange:
+    """A logical path both snapshots hold, with different contents.
+
+    Attributes:
+        logical_path: the logical path (``"<rank>/<logical path>"`` unless both snapshots were
+            taken by one rank).
+        what: the first difference found: ``"kind"`` (a tensor here, an object there...),
+            ``"dtype"``, ``"shape"``, ``"values"`` (tensor elements differ beyond the tolerance)
+            or ``"value"`` (a primitive or object differs).
+        a: A's side, described (``"tensor float32 [2, 3]"``, ``"primitive int 3"``...).
+        b: B's side, described.
+        max_abs_diff: for ``"values"``: the largest ``|a - b|`` (float64; of the complex
+            difference's magnitude) over elements finite on both sides; None for dtypes without a
+            numeric value and otherwise.
+        mismatched: for ``"values"``: how many elements differ beyond the tolerance (a NaN on one
+            side only counts); None otherwise.
+    """
 
     logical_path: str
     what: str
@@ -49,7 +64,7 @@ class Comparison:
 
     added: tuple[str, ...]
     removed: tuple[str, ...]
-    changed: tuple[Change, ...]
+    changed: tuple[PathChange, ...]
     compared: int
 
 
@@ -91,7 +106,7 @@ def compare_snapshots(
     strip = metadata_a.world_size == 1 and metadata_b.world_size == 1
     side_a, side_b = leaf_entries(metadata_a, strip), leaf_entries(metadata_b, strip)
     common = [path for path in side_a if path in side_b]
-    changes: dict[str, Change] = {}
+    changes: dict[str, PathChange] = {}
     tensors: list[tuple[str, TensorLike, TensorLike]] = []
     objects: list[tuple[str, ObjectEntry, ObjectEntry]] = []
     for path in common:
@@ -114,25 +129,25 @@ def compare_snapshots(
     )
 
 
-def _structural_change(path: str, a: Entry, b: Entry, atol: float, rtol: float) -> Change | None:
+def _structural_change(path: str, a: Entry, b: Entry, atol: float, rtol: float) -> PathChange | None:
     tensor_kinds = ("tensor", "sharded_tensor")
     kind_a, kind_b = entry_kind(a), entry_kind(b)
     if kind_a != kind_b and not (kind_a in tensor_kinds and kind_b in tensor_kinds):
-        return Change(path, "kind", describe(a), describe(b))
+        return PathChange(path, "kind", describe(a), describe(b))
     if isinstance(a, (TensorEntry, ShardedTensorEntry)) and isinstance(b, (TensorEntry, ShardedTensorEntry)):
         if a.dtype != b.dtype:
-            return Change(path, "dtype", _dtype_shape(a), _dtype_shape(b))
+            return PathChange(path, "dtype", _dtype_shape(a), _dtype_shape(b))
         if a.shape != b.shape:
-            return Change(path, "shape", _dtype_shape(a), _dtype_shape(b))
+            return PathChange(path, "shape", _dtype_shape(a), _dtype_shape(b))
         return None
     if isinstance(a, PrimitiveEntry) and isinstance(b, PrimitiveEntry):
-        return None if _same_primitive(a, b, atol, rtol) else Change(path, "value", describe(a), describe(b))
+        return None if _same_primitive(a, b, atol, rtol) else PathChange(path, "value", describe(a), describe(b))
     if (
         isinstance(a, ObjectEntry)
         and isinstance(b, ObjectEntry)
         and (a.piece.nbytes != b.piece.nbytes or a.piece.checksum != b.piece.checksum)
     ):
-        return Change(path, "value", describe(a), describe(b))  # other checksums: other bytes, no need to read
+        return PathChange(path, "value", describe(a), describe(b))  # other checksums: other bytes, no need to read
     return None
 
 
@@ -154,7 +169,7 @@ class _ValueComparer:
         self.atol, self.rtol = atol, rtol
         self.budget_bytes = reader_a.budget.total_bytes
 
-    def tensors(self, pairs: Sequence[tuple[str, TensorLike, TensorLike]]) -> Iterator[Change]:
+    def tensors(self, pairs: Sequence[tuple[str, TensorLike, TensorLike]]) -> Iterator[PathChange]:
         group: list[tuple[str, TensorLike, TensorLike]] = []
         group_bytes = 0
         for path, a, b in pairs:
@@ -173,7 +188,7 @@ class _ValueComparer:
             group_bytes += size
         yield from self._group(group)
 
-    def _group(self, group: Sequence[tuple[str, TensorLike, TensorLike]]) -> Iterator[Change]:
+    def _group(self, group: Sequence[tuple[str, TensorLike, TensorLike]]) -> Iterator[PathChange]:
         if not group:
             return
         values_a = self.a.load({path: a for path, a, _ in group})
@@ -183,21 +198,21 @@ class _ValueComparer:
             if change is not None:
                 yield change
 
-    def _in_memory(self, path: str, a: TensorLike, value_a: torch.Tensor, value_b: torch.Tensor) -> Change | None:
+    def _in_memory(self, path: str, a: TensorLike, value_a: torch.Tensor, value_b: torch.Tensor) -> PathChange | None:
         flat_a, flat_b = _flat(value_a), _flat(value_b)
         if flat_a.dtype != flat_b.dtype or flat_a.shape != flat_b.shape:
-            return Change(path, "values", _dtype_shape(a), f"stored as {flat_b.dtype} {list(value_b.shape)}")
+            return PathChange(path, "values", _dtype_shape(a), f"stored as {flat_b.dtype} {list(value_b.shape)}")
         accumulator = DifferenceAccumulator(flat_a.dtype, self.atol, self.rtol)
         accumulator.add(flat_a, flat_b)
         return self._change(path, a, accumulator)
 
-    def _change(self, path: str, a: TensorLike, accumulator: DifferenceAccumulator) -> Change | None:
+    def _change(self, path: str, a: TensorLike, accumulator: DifferenceAccumulator) -> PathChange | None:
         if not accumulator.mismatched:
             return None
         what = _dtype_shape(a)
-        return Change(path, "values", what, what, accumulator.max_abs_diff, accumulator.mismatched)
+        return PathChange(path, "values", what, what, accumulator.max_abs_diff, accumulator.mismatched)
 
-    def _large(self, path: str, a: TensorLike, b: TensorLike) -> Change | None:
+    def _large(self, path: str, a: TensorLike, b: TensorLike) -> PathChange | None:
         """A pair larger than the budget: piece by piece when the layouts allow, else whole."""
         blocks = _aligned_blocks(a, b)
         if blocks is None:
@@ -248,14 +263,14 @@ class _ValueComparer:
             )
             position = end
 
-    def objects(self, pairs: Sequence[tuple[str, ObjectEntry, ObjectEntry]]) -> Iterator[Change]:
+    def objects(self, pairs: Sequence[tuple[str, ObjectEntry, ObjectEntry]]) -> Iterator[PathChange]:
         if not pairs:
             return
         digests_a = self._digests(self.a, [(path, a.piece) for path, a, _ in pairs])
         digests_b = self._digests(self.b, [(path, b.piece) for path, _, b in pairs])
         for (path, a, b), digest_a, digest_b in zip(pairs, digests_a, digests_b, strict=True):
             if digest_a.digest() != digest_b.digest():
-                yield Change(path, "value", describe(a), describe(b))
+                yield PathChange(path, "value", describe(a), describe(b))
 
     @staticmethod
     def _digests(reader: SnapshotReader, pieces: Sequence[tuple[str, Piece]]) -> list[hashlib._Hash]:
