@@ -16,6 +16,7 @@ same rules (:mod:`snapshotkit.convert._detect`):
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import struct
 from collections.abc import Iterable, Mapping
@@ -100,6 +101,20 @@ def classify_head(head: bytes, size_bytes: int | None = None) -> ForeignCheckpoi
         if 2 <= header_bytes <= SAFETENSORS_MAX_HEADER_BYTES and fits and head[8:9] == b"{":
             return ForeignCheckpoint("safetensors", "a safetensors file")
     return None
+
+
+def classify_file(path: str | os.PathLike[str]) -> ForeignCheckpoint | None:
+    """What the local file at ``path`` is, by its first bytes; None if it is not a regular file
+    (a FIFO or device could block or never end), cannot be read, or is not recognized."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+            size_bytes = os.fstat(f.fileno()).st_size
+    except OSError:
+        return None
+    return classify_head(head, size_bytes)
 
 
 def is_torchsnapshot_document(document: object) -> bool:

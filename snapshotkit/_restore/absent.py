@@ -8,15 +8,13 @@ manifest may hold someone's data (a DCP checkpoint, a model download, a typo'd p
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from snapshotkit._format.codec import decode_document
 from snapshotkit._format.entries import METADATA_FILENAME, OWN_OBJECT
 from snapshotkit._format.foreign import (
-    HEAD_BYTES,
     ForeignCheckpoint,
-    classify_head,
+    classify_file,
     classify_listing,
     import_command,
     is_torchsnapshot_document,
@@ -111,15 +109,7 @@ def _local_file(path: str) -> ForeignCheckpoint | None:
     local = path[7:] if path[:7].lower() == "file://" else path
     if "://" in local:
         return None
-    if not os.path.isfile(local):  # a FIFO or device could block or never end
-        return None
-    try:
-        with open(local, "rb") as f:
-            head = f.read(HEAD_BYTES)
-            size_bytes = os.fstat(f.fileno()).st_size
-    except OSError:
-        return None
-    return classify_head(head, size_bytes)
+    return classify_file(local)
 
 
 def _shown(names: Sequence[str]) -> str:

@@ -8,7 +8,7 @@ A directory, by what it holds (the first that applies):
     one *.safetensors                           safetensors
     one *.pt / *.pth / *.bin / *.ckpt that is a torch.save file           torch
 
-A file, by its first bytes (:func:`snapshotkit._format.foreign.classify_head`): a torch.save
+A file, by its first bytes (:func:`snapshotkit._format.foreign.classify_file`): a torch.save
 zip or legacy pickle is ``torch``; a safetensors header is ``safetensors``. A ``.snapshot_metadata``
 or DCP ``.metadata`` file stands for its directory, a ``*.safetensors.index.json`` for its
 sharded checkpoint. The rules are the ones ``Snapshot(path)`` uses to name what it found.
@@ -24,10 +24,9 @@ from snapshotkit._format.codec import decode_document
 from snapshotkit._format.entries import FORMAT_NAME, METADATA_FILENAME
 from snapshotkit._format.foreign import (
     DCP_METADATA,
-    HEAD_BYTES,
     SAFETENSORS_INDEX_SUFFIX,
     SOURCE_FORMATS,
-    classify_head,
+    classify_file,
     is_torchsnapshot_document,
 )
 from snapshotkit.errors import ImportSourceError, SnapshotkitError
@@ -148,15 +147,7 @@ def _manifest_owner(directory: Path) -> Detected:
 
 
 def _head_format(path: Path) -> str | None:
-    if not path.is_file():  # a FIFO or device could block
-        return None
-    try:
-        with open(path, "rb") as f:
-            head = f.read(HEAD_BYTES)
-            size_bytes = os.fstat(f.fileno()).st_size
-    except OSError:
-        return None
-    found = classify_head(head, size_bytes)
+    found = classify_file(path)
     return None if found is None else found.source_format
 
 

@@ -25,6 +25,7 @@ from snapshotkit._config import Config, snapshot_path
 from snapshotkit._runtime.frames import drop_frames
 from snapshotkit.convert import _to_safetensors, _to_torch
 from snapshotkit.convert._export_source import Source, Written, select_flat, select_tree
+from snapshotkit.convert._stream import fsync_path
 from snapshotkit.errors import ConfigError, ExportExistsError, InvalidArgumentError
 
 #: The formats ``export_snapshot(to=...)`` writes.
@@ -171,7 +172,7 @@ def _staged(output: Path, write: Any, *, directory: bool) -> Written:
         _move_into_place(staging / output.name, output, directory=directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _fsync_directory(output.parent)
+    fsync_path(output.parent)
     return result
 
 
@@ -190,14 +191,6 @@ def _move_into_place(written: Path, output: Path, *, directory: bool) -> None:
     # empty directory would replace it).
     _refuse_existing(output)
     os.rename(written, output)
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _files_of(output: Path) -> list[Path]:

@@ -19,6 +19,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from snapshotkit._format.dtypes import RAW_ITEMSIZE
@@ -150,6 +151,15 @@ def _start_writeback(fd: int) -> None:
     ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; errors surface at the final ``fsync``)."""
     if _sync_file_range is not None:
         _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+
+
+def fsync_path(path: Path) -> None:
+    """Make ``path`` (a file, or a directory's entries) durable; a failure is raised."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def preallocate(fd: int, size_bytes: int) -> None:

@@ -37,7 +37,7 @@ from snapshotkit._format.serialization import RAW
 from snapshotkit._plan.flatten import unescape_key
 from snapshotkit._restore.fetch import Claim
 from snapshotkit.convert._export_source import Skipped, Source, Written, describe
-from snapshotkit.convert._stream import copy_pieces, preallocate, pwrite_all, spans
+from snapshotkit.convert._stream import copy_pieces, fsync_path, preallocate, pwrite_all, spans
 from snapshotkit.errors import ConfigError
 
 #: snapshotkit dtype -> safetensors dtype, for every dtype ``safetensors.torch`` loads.
@@ -148,7 +148,7 @@ class SafetensorsPlan:
                 "weight_map": {t.key: file.name for file in self.files for t in file.tensors},
             }
             _write_bytes(out / INDEX_FILE_NAME, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
-        _fsync(out)
+        fsync_path(out)
         return Written(tensors, self.skipped)
 
 
@@ -230,14 +230,6 @@ def _write_bytes(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         pwrite_all(fd, data, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
         os.fsync(fd)
     finally:
         os.close(fd)
