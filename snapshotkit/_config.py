@@ -86,6 +86,9 @@ class Config:
         background_niceness: scheduling niceness (0-19) of ``async_take``'s background writer
             threads and checkpoint daemon, so that they take only the CPU time training leaves
             idle; 0 keeps normal priority.
+        min_reference_bytes: an incremental take references a base's piece instead of writing
+            it only if the piece holds at least this many bytes; smaller pieces are always
+            written (their reference would cost about as much as the bytes, and a read).
     """
 
     memory_budget_bytes: int
@@ -95,9 +98,11 @@ class Config:
     verify_checksums: bool = True
     collective_timeout_seconds: float = 1800.0
     background_niceness: int = 19
+    min_reference_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("memory_budget_bytes", "chunk_bytes", "data_object_bytes", "io_concurrency"):
+        positive = ("memory_budget_bytes", "chunk_bytes", "data_object_bytes", "io_concurrency", "min_reference_bytes")
+        for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -131,6 +136,7 @@ class Config:
             ("chunk_bytes", "SNAPSHOTKIT_CHUNK_BYTES"),
             ("data_object_bytes", "SNAPSHOTKIT_DATA_OBJECT_BYTES"),
             ("io_concurrency", "SNAPSHOTKIT_IO_CONCURRENCY"),
+            ("min_reference_bytes", "SNAPSHOTKIT_MIN_REFERENCE_BYTES"),
         ):
             value = _env_int(env, var)
             if value is not None:

@@ -107,8 +107,8 @@ def diff_snapshots(
     metadata_b = Snapshot(where_b, storage_options=options).metadata
     budget = MemoryBudget(config.memory_budget_bytes)
     with (
-        SnapshotReader(where_a, options, config, budget) as reader_a,
-        SnapshotReader(where_b, options, config, budget) as reader_b,
+        SnapshotReader(where_a, options, config, budget, metadata_a.bases) as reader_a,
+        SnapshotReader(where_b, options, config, budget, metadata_b.bases) as reader_b,
     ):
         found = compare_snapshots(reader_a, metadata_a, reader_b, metadata_b, atol=float(atol), rtol=float(rtol))
     changed = found.changed

@@ -20,7 +20,8 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     │   └── ManifestIntegrityError     (also IntegrityError) manifest bytes fail their integrity check
     ├── IntegrityError                 (ValueError)         stored bytes are not what was written
     │   ├── ChecksumMismatchError                           checksum differs
-    │   └── TruncatedDataError                              data object shorter than the manifest says
+    │   ├── TruncatedDataError                              data object shorter than the manifest says
+    │   └── BaseSnapshotError                               an incremental snapshot's base is gone or replaced
     ├── RestoreMemoryError             (MemoryError)        a new tensor for a read does not fit in memory
     ├── UnsafeObjectError              (pickle.UnpicklingError) object refused by weights_only loading
     ├── UnsupportedValueError          (TypeError)          a leaf snapshotkit cannot store
@@ -70,6 +71,7 @@ __all__ = [
     "StorageError",
     "StoragePermissionError",
     "TruncatedDataError",
+    "BaseSnapshotError",
     "UnknownStorageSchemeError",
     "UnsafeLocationError",
     "UnsafeObjectError",
@@ -168,6 +170,11 @@ class ChecksumMismatchError(IntegrityError):
 
 class TruncatedDataError(IntegrityError):
     """A data object is shorter than the byte range the manifest records."""
+
+
+class BaseSnapshotError(IntegrityError):
+    """An incremental snapshot's base, which holds bytes it references, is gone, damaged or no
+    longer the snapshot it referenced (deleted and replaced by another of the same name)."""
 
 
 class RestoreMemoryError(SnapshotkitError, MemoryError):

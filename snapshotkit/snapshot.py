@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from snapshotkit._config import Config, snapshot_path
@@ -11,12 +12,13 @@ from snapshotkit._dist import resolve_group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import Entry, escape_key
 from snapshotkit._restore import engine as restore_engine
+from snapshotkit._restore.bases import open_snapshot_storage
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._take import engine as take_engine
 from snapshotkit._take.collect import TensorPrepareFunc
 from snapshotkit.errors import InvalidArgumentError
 from snapshotkit.stateful import AppState
-from snapshotkit.storage import StoragePlugin, open_storage_plugin
+from snapshotkit.storage import StoragePlugin
 
 __all__ = ["PendingSnapshot", "Snapshot"]
 
@@ -64,6 +66,7 @@ class Snapshot:
         metadata: Mapping[str, Any] | None = None,
         include: Sequence[str] | None = None,
         exclude: Sequence[str] | None = None,
+        base: str | os.PathLike[str] | Snapshot | None = None,
     ) -> Snapshot:
         """Snapshot the state of every object in ``app_state`` to ``path``.
 
@@ -107,6 +110,14 @@ class Snapshot:
                 ``app_state`` key with nothing left is not in the snapshot at all. Each rank
                 applies its own patterns to its own state. Restore such a snapshot with
                 ``strict=False`` to keep the current values of what it lacks.
+            base: an earlier snapshot (a path, or a :class:`Snapshot`) to take *incrementally*
+                against: every piece of at least ``SNAPSHOTKIT_MIN_REFERENCE_BYTES`` (64 KiB)
+                whose bytes equal a piece of the base (same 128-bit content hash and CRC-32C) is
+                recorded as a reference to the base instead of being written. The base must lie in
+                the folder that holds ``path`` (or below it), on the same store, and must stay
+                there as long as this snapshot is read (``snapshotkit consolidate`` makes a
+                self-contained copy). Restore, ``read_object``, verify, diff and export read an
+                incremental snapshot exactly like a full one.
 
         Returns:
             The committed snapshot.
@@ -116,7 +127,9 @@ class Snapshot:
             InvalidArgumentError: ``path`` is not a ``str`` or ``os.PathLike``; ``metadata`` is not
                 a mapping; ``include`` or ``exclude`` is not a list of ``str`` patterns;
                 ``_custom_tensor_prepare_func`` is not callable.
-            ConfigError: ``path`` is empty (or an argument is out of range); ``metadata`` holds a
+            SnapshotNotFoundError: ``base`` is not a committed snapshot.
+            ConfigError: ``base`` lies outside the folder that holds ``path``; ``path`` is empty
+                (or an argument is out of range); ``metadata`` holds a
                 key that is not a ``str``, a value that is not JSON (NaN and infinity included), or
                 is too large or deep (the message names the key path); ``include``/``exclude``
                 select nothing of a non-empty state.
@@ -144,6 +157,7 @@ class Snapshot:
             include=include,
             exclude=exclude,
             tensor_prepare_func=_custom_tensor_prepare_func,
+            load_base=_base_loader(base, pg, options),
         )
         snapshot = cls(target, pg=pg, storage_options=options)
         snapshot._metadata = committed  # None on ranks other than 0: read on first use
@@ -164,6 +178,7 @@ class Snapshot:
         metadata: Mapping[str, Any] | None = None,
         include: Sequence[str] | None = None,
         exclude: Sequence[str] | None = None,
+        base: str | os.PathLike[str] | Snapshot | None = None,
     ) -> PendingSnapshot:
         """Stage ``app_state`` and return; write and commit in the background.
 
@@ -202,11 +217,15 @@ class Snapshot:
             include=include,
             exclude=exclude,
             tensor_prepare_func=_custom_tensor_prepare_func,
+            load_base=_base_loader(base, pg, options),
         )
         return PendingSnapshot(job, cls(job.path, pg=pg, storage_options=options))
 
     def _plugin(self) -> StoragePlugin:
-        return open_storage_plugin(self.path, self._storage_options)
+        """The snapshot's storage; once the manifest is read, also its bases' (an incremental
+        snapshot's references)."""
+        bases = self._metadata.bases if self._metadata is not None else {}
+        return open_snapshot_storage(self.path, self._storage_options, bases)
 
     @property
     def metadata(self) -> SnapshotMetadata:
@@ -419,3 +438,29 @@ class PendingSnapshot:
         if metadata is not None and self._snapshot._metadata is None:
             self._snapshot._metadata = metadata
         return self._snapshot
+
+
+def _base_loader(
+    base: object, pg: Any | None, storage_options: dict[str, Any]
+) -> Callable[[], tuple[str, SnapshotMetadata]] | None:
+    """How a take reads its ``base=`` (run inside the take, so a base that cannot be read fails on
+    every rank before anything is written); None for a full take.
+
+    Raises:
+        InvalidArgumentError: ``base`` is not a path, a :class:`Snapshot` or None.
+    """
+    if base is None:
+        return None
+    if isinstance(base, Snapshot):
+        snapshot = base
+    elif isinstance(base, (str, os.PathLike)):
+        snapshot = Snapshot(os.fspath(base), pg=pg, storage_options=storage_options)
+    else:
+        raise InvalidArgumentError(
+            f"base must be the path of an earlier snapshot or a Snapshot, got {type(base).__name__} {base!r}"
+        )
+
+    def load() -> tuple[str, SnapshotMetadata]:
+        return snapshot.path, snapshot.metadata
+
+    return load

@@ -117,10 +117,10 @@ def verify_snapshot(
     def name(stored: StoredPiece) -> str:
         return display_path(stored.keys[0], metadata.world_size)
 
-    with SnapshotReader(where, options, config) as reader:
+    with SnapshotReader(where, options, config, bases=metadata.bases) as reader:
         result = check_pieces(reader, pieces, name, progress)
     problems = tuple(
-        VerifyProblem(display_path(key, metadata.world_size), found.stored.piece.location, found.kind, found.message)
+        VerifyProblem(display_path(key, metadata.world_size), found.stored.piece.address, found.kind, found.message)
         for found in result.problems
         for key in found.stored.keys
     )

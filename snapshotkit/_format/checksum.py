@@ -9,11 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import crc32c as _crc32c
+import xxhash as _xxhash
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 ALGORITHM = "crc32c"
+#: The content hash of format version 4 (what incremental takes compare).
+HASH_ALGORITHM = "xxh3-128"
 
 
 def crc32c(data: Buffer, value: int = 0) -> int:
@@ -29,3 +32,9 @@ def format_checksum(value: int) -> str:
 def parse_checksum(text: str) -> int:
     """Inverse of :func:`format_checksum` (the manifest decoder already validated ``text``)."""
     return int(text.partition(":")[2], 16)
+
+
+def content_hash(data: Buffer) -> str:
+    """The manifest's content hash of ``data``: ``"xxh3-128:<32 hex digits>"`` (128-bit XXH3; the
+    ``xxhash`` extension releases the GIL, like ``crc32c``)."""
+    return f"{HASH_ALGORITHM}:{_xxhash.xxh3_128_hexdigest(data)}"

@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from snapshotkit._format.bases import BASES_MEMBER, BASES_SINCE, SNAPSHOT_ID_MEMBER, decode_bases
 from snapshotkit._format.codec import INTEGRITY_SINCE, decode_document, seal
 from snapshotkit._format.dtypes import DTYPE_NAME, MAX_NUMEL, RAW_ITEMSIZE
 from snapshotkit._format.entries import (
@@ -24,6 +25,7 @@ from snapshotkit._format.entries import (
     check_containers,
     decode_entry,
 )
+from snapshotkit._format.pieces import pieces_of
 from snapshotkit.errors import ManifestError, UnsupportedFormatVersionError
 
 #: The optional header member that holds the take's ``metadata=`` (docs/format.md section 2.2).
@@ -37,7 +39,7 @@ class SnapshotMetadata:
     """The decoded ``.snapshot_metadata`` document.
 
     Attributes:
-        format_version: on-disk format version (1 to 3; a take writes 3).
+        format_version: on-disk format version (1 to 4; a take writes 4).
         snapshotkit_version: version of the snapshotkit that wrote the snapshot.
         torch_version: ``torch.__version__`` of the writer.
         created_at: UTC time the take committed, ISO 8601.
@@ -45,6 +47,9 @@ class SnapshotMetadata:
         manifest: ``"<rank>/<logical path>"`` -> entry, in flatten order.
         user_metadata: the ``metadata=`` rank 0 passed to the take, as stored (a JSON object);
             ``{}`` when none was given and for snapshots older than format version 3.
+        snapshot_id: this snapshot's unique id (32 hex digits; format version 4, else None).
+        bases: the snapshots an incremental snapshot reads reused pieces from: base location
+            (``"../<name>"``) -> that base's ``snapshot_id``; ``{}`` for a self-contained snapshot.
     """
 
     format_version: int
@@ -54,6 +59,8 @@ class SnapshotMetadata:
     world_size: int
     manifest: dict[str, Entry]
     user_metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    snapshot_id: str | None = None
+    bases: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def version(self) -> str:
@@ -83,6 +90,14 @@ class SnapshotMetadata:
             "created_at": self.created_at,
             "world_size": self.world_size,
         }
+        if self.format_version >= BASES_SINCE:
+            if self.snapshot_id is None:
+                raise ValueError(f"format version {self.format_version} needs a snapshot_id")
+            head[SNAPSHOT_ID_MEMBER] = self.snapshot_id
+            if self.bases:
+                head[BASES_MEMBER] = self.bases
+        elif self.bases:
+            raise ValueError(f"bases need format version {BASES_SINCE}; this document is version {self.format_version}")
         if self.user_metadata:
             if self.format_version < USER_METADATA_SINCE:
                 raise ValueError(
@@ -130,8 +145,8 @@ class SnapshotMetadata:
             raise ManifestError(f"format_version {version!r} is not a positive integer")
         if version > FORMAT_VERSION:
             raise UnsupportedFormatVersionError(
-                f"this snapshot has format version {version} (written by snapshotkit "
-                f"{document.get('snapshotkit_version')!r}); this snapshotkit reads versions up to {FORMAT_VERSION}. "
+                f"this snapshot was written by a newer snapshotkit ({document.get('snapshotkit_version')!r}, format "
+                f"version {version}); this snapshotkit reads format versions up to {FORMAT_VERSION}. "
                 "Upgrade: pip install -U snapshotkit"
             )
         head: dict[str, Any] = {}
@@ -152,6 +167,7 @@ class SnapshotMetadata:
                     f"{type(user_metadata).__name__} {str(user_metadata)[:80]}"
                 )
             head["user_metadata"] = user_metadata
+        head["snapshot_id"], head["bases"] = decode_bases(document, version)
         raw_manifest = _field("<header>", document, "manifest", dict)
         manifest: dict[str, Entry] = {}
         for key, raw in raw_manifest.items():
@@ -169,9 +185,23 @@ class SnapshotMetadata:
                 )
             if isinstance(entry, (TensorEntry, ShardedTensorEntry)):
                 _check_tensor(key, entry)
+            _check_pieces(key, entry, version, head["bases"])
             manifest[key] = entry
         check_containers(manifest)
         return cls(format_version=version, manifest=manifest, **head)
+
+
+def _check_pieces(key: str, entry: Entry, version: int, bases: dict[str, str]) -> None:
+    """Hashes and base references only from version 4; a reference names a base of the header."""
+    for piece in pieces_of(entry):
+        if version < BASES_SINCE and (piece.hash is not None or piece.base is not None):
+            raise _fail(
+                key, f"a piece has a hash or base, which need format version {BASES_SINCE}; the manifest says {version}"
+            )
+        if piece.base is not None and piece.base not in bases:
+            raise _fail(
+                key, f"a piece references base {piece.base!r}, which the header's {BASES_MEMBER!r} does not list"
+            )
 
 
 def _check_tensor(key: str, entry: TensorEntry | ShardedTensorEntry) -> None:

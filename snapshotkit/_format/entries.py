@@ -15,29 +15,32 @@ import dataclasses
 import functools
 import json
 import math
-import posixpath
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from snapshotkit._format import torchsnapshot_names as names
-from snapshotkit._format.codec import INTEGRITY_SINCE
-from snapshotkit.errors import ManifestError, UnsafeLocationError
+from snapshotkit._format.pieces import (
+    CHECKSUM_ALGORITHMS,
+    METADATA_FILENAME,
+    Piece,
+    _fail,
+    _json_string,
+    validate_location,
+)
+from snapshotkit.errors import ManifestError
 
-#: Name of the manifest object; its presence is the commit marker of a snapshot.
-METADATA_FILENAME = ".snapshot_metadata"
+__all__ = ["CHECKSUM_ALGORITHMS", "METADATA_FILENAME", "Piece", "validate_location"]
+
 #: Every name a take writes below a snapshot: data objects ``data/<rank>_<index>_<take id>``
 #: (``_plan/layout.py``), the manifest, and the manifest's temporary file (local disk) while it is
 #: being committed. Only such objects are ever deleted, or called the leftovers of a take.
 OWN_OBJECT = re.compile(r"data/[0-9]+_[0-9]{5,}_[0-9a-f]+|" + re.escape(METADATA_FILENAME) + r"(\.tmp-[0-9a-f]+)?")
 FORMAT_NAME = "snapshotkit"
-#: The newest format version this snapshotkit writes and reads. A take writes the oldest
-#: version that can express its manifest with an integrity line: 3 (versions 1 and 2, without
-#: the integrity line, are still read).
-FORMAT_VERSION = 3
-#: Checksum algorithms a version-1 reader understands.
-CHECKSUM_ALGORITHMS = ("crc32c",)
-_CHECKSUM_TEXT = re.compile(r"crc32c:[0-9a-f]{8}")
+#: The newest format version this snapshotkit writes and reads: 4, which gives every snapshot a
+#: unique id and every piece a content hash, so that any snapshot can be the base of an
+#: incremental take (versions 1 to 3 are still read).
+FORMAT_VERSION = 4
 #: ``float.hex()`` output (and the inf/nan spellings it produces).
 _FLOAT_HEX_TEXT = re.compile(r"-?(0x[0-9a-f](\.[0-9a-f]*)?p[+-][0-9]+|inf|nan)")
 #: A manifest key's rank: ASCII digits without leading zeros.
@@ -61,95 +64,6 @@ def join_path(prefix: str, key: str | int) -> str:
     """The logical path of child ``key`` of the node at ``prefix`` (``""`` for the root)."""
     component = escape_key(key)
     return f"{prefix}/{component}" if prefix else component
-
-
-def _fail(key: str, message: str) -> ManifestError:
-    _, slash, logical_path = key.partition("/")
-    where = f"{key!r} (logical path {logical_path!r})" if slash and logical_path else repr(key)
-    return ManifestError(f"malformed manifest entry {where}: {message}")
-
-
-def validate_location(location: object) -> str:
-    """Return ``location`` if it names an object inside the snapshot, else raise.
-
-    A location is a relative POSIX path of non-empty components without ``.``, ``..`` or
-    backslashes; it may not be the manifest itself.
-    """
-    if isinstance(location, str):
-        return _validate_location_text(location)
-    raise UnsafeLocationError(f"location {location!r} is not a non-empty string")
-
-
-@functools.lru_cache(maxsize=4096)  # a manifest names few distinct data objects, many times
-def _validate_location_text(location: str) -> str:
-    if not location:
-        raise UnsafeLocationError(f"location {location!r} is not a non-empty string")
-    parts = location.split("/")
-    if (
-        location.startswith("/")
-        or "\\" in location
-        or "\x00" in location
-        or ":" in parts[0]
-        or any(part in ("", ".", "..") for part in parts)
-        or posixpath.normpath(location) != location
-        or location == METADATA_FILENAME
-    ):
-        raise UnsafeLocationError(
-            f"location {location!r} would leave the snapshot or is not a plain relative path; "
-            "this manifest is corrupt or was crafted: do not read this snapshot"
-        )
-    return location
-
-
-@dataclasses.dataclass(frozen=True)
-class Piece:
-    """A stored byte range: ``[start, end)`` of data object ``location``, with its checksum.
-
-    ``checksum`` is ``"<algorithm>:<hex digest>"``, e.g. ``"crc32c:1a2b3c4d"``.
-    """
-
-    location: str
-    byte_range: tuple[int, int]
-    checksum: str
-
-    @property
-    def nbytes(self) -> int:
-        return self.byte_range[1] - self.byte_range[0]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"location": self.location, "byte_range": list(self.byte_range), "checksum": self.checksum}
-
-    def to_json_line(self) -> str:
-        """``to_json()`` as compact JSON text, built directly (manifests hold many pieces)."""
-        start, end = self.byte_range
-        return (
-            f'{{"location":{_json_string(self.location)},"byte_range":[{start},{end}],'
-            f'"checksum":{_json_string(self.checksum)}}}'
-        )
-
-    @classmethod
-    def from_json(cls, key: str, raw: object) -> Piece:
-        if not isinstance(raw, dict):
-            raise _fail(key, f"piece {raw!r} is not a mapping")
-        try:
-            location = validate_location(raw.get("location"))
-        except UnsafeLocationError as exc:
-            raise UnsafeLocationError(str(_fail(key, str(exc)))) from None
-        byte_range = raw.get("byte_range")
-        if (
-            type(byte_range) is not list
-            or len(byte_range) != 2
-            or type(byte_range[0]) is not int
-            or type(byte_range[1]) is not int
-            or not 0 <= byte_range[0] <= byte_range[1]
-        ):
-            raise _fail(key, f"byte_range {byte_range!r} is not [start, end) with 0 <= start <= end")
-        checksum = raw.get("checksum")
-        if type(checksum) is not str or _CHECKSUM_TEXT.fullmatch(checksum) is None:
-            raise _fail(
-                key, f"checksum {checksum!r} is not '<algorithm>:<hex>' with algorithm in {CHECKSUM_ALGORITHMS}"
-            )
-        return cls(location, (byte_range[0], byte_range[1]), checksum)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,8 +340,6 @@ _DECODERS: dict[str, Callable[[str, dict[str, Any]], Entry]] = {
 _KIND_SINCE = {"sharded_tensor": 2}
 
 _MISSING = object()
-#: JSON string literal of a str (C-accelerated; raw UTF-8 like the compact encoder below).
-_json_string: Callable[[str], str] = json.encoder.encode_basestring
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
@@ -445,9 +357,9 @@ def _field(key: str, raw: Mapping[str, Any], name: str, expected: type, default:
 
 
 def format_version_for(manifest: Mapping[str, Entry]) -> int:
-    """The format version a take writes for ``manifest``: the oldest that can hold it and has the
-    integrity line."""
-    return max([INTEGRITY_SINCE, *(_KIND_SINCE.get(entry.kind, 1) for entry in manifest.values())])
+    """The format version a take writes for ``manifest``: :data:`FORMAT_VERSION` (every take
+    writes a snapshot id and content hashes, which only version 4 has)."""
+    return FORMAT_VERSION
 
 
 def decode_entry(key: str, raw: object) -> Entry:

@@ -151,7 +151,7 @@ def check_pieces(
         by_object: dict[str, list[int]] = {}
         for i in everything:
             if not tally.ok[i] and pieces[i].piece.nbytes:
-                by_object.setdefault(pieces[i].piece.location, []).append(i)
+                by_object.setdefault(pieces[i].piece.address, []).append(i)
         slots = asyncio.Semaphore(reader.config.io_concurrency)
         await gather_or_cancel([probe(location, indices, slots) for location, indices in by_object.items()])
         await halve([i for i in everything if not tally.ok[i] and i not in problems])

@@ -37,7 +37,7 @@ def stored_pieces(metadata: SnapshotMetadata) -> list[StoredPiece]:
     holders: dict[tuple[str, tuple[int, int], str], list[str]] = {}
     for key, entry in metadata.manifest.items():
         for piece in entry_pieces(entry):
-            holders.setdefault((piece.location, piece.byte_range, piece.checksum), []).append(key)
+            holders.setdefault((piece.address, piece.byte_range, piece.checksum), []).append(key)
     ordered = sorted(holders.items(), key=lambda item: (item[0][0], item[0][1]))
     return [StoredPiece(Piece(location, span, checksum), tuple(keys)) for (location, span, checksum), keys in ordered]
 
@@ -50,7 +50,7 @@ def data_object_bytes(metadata: SnapshotMetadata) -> dict[str, int]:
     """
     sizes: dict[str, int] = {}
     for stored in stored_pieces(metadata):
-        location, end = stored.piece.location, stored.piece.byte_range[1]
+        location, end = stored.piece.address, stored.piece.byte_range[1]
         sizes[location] = max(sizes.get(location, 0), end)
     return sizes
 

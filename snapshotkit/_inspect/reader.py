@@ -12,13 +12,14 @@ from typing import Any, TypeVar
 
 from snapshotkit._config import Config
 from snapshotkit._format.entries import Entry
+from snapshotkit._restore.bases import open_snapshot_storage
 from snapshotkit._restore.failures import open_failure
 from snapshotkit._restore.fetch import Claim, PieceRead, check_extents, read_pieces
 from snapshotkit._restore.place import LeafLoader
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._runtime.loop import run_sync
-from snapshotkit.storage import StoragePlugin, open_storage_plugin
+from snapshotkit.storage import StoragePlugin
 
 T = TypeVar("T")
 
@@ -31,6 +32,7 @@ class SnapshotReader:
         config: the configuration of the reads (budget, I/O concurrency).
         budget: the one memory budget every read of this reader shares (another reader's, if
             given: two snapshots compared under one budget).
+        bases: the manifest's ``bases`` (an incremental snapshot's references are read from them).
         plugin: the storage plugin (opened on construction, closed by :meth:`close`).
     """
 
@@ -40,12 +42,13 @@ class SnapshotReader:
         storage_options: Mapping[str, Any] | None,
         config: Config,
         budget: MemoryBudget | None = None,
+        bases: Mapping[str, str] | None = None,
     ) -> None:
         self.path = path
         self.config = config
         self.budget = budget if budget is not None else MemoryBudget(config.memory_budget_bytes)
         try:
-            self.plugin: StoragePlugin = open_storage_plugin(path, dict(storage_options or {}))
+            self.plugin: StoragePlugin = open_snapshot_storage(path, dict(storage_options or {}), bases or {})
         except Exception as exc:
             raise open_failure(exc, path)  # noqa: B904 - the cause is set by open_failure
 

@@ -1,8 +1,8 @@
 """From what each rank wrote to the snapshot's manifest (pure: no I/O, no process group).
 
-Each rank turns its :class:`~snapshotkit._plan.rank_plan.TakePlan` and the checksums of the
-pieces it wrote into a :class:`RankResult`; rank 0 merges every rank's result into the manifest,
-assembling replicated and sharded entries from the pieces all ranks wrote.
+Each rank turns its :class:`~snapshotkit._plan.rank_plan.TakePlan` and the final pieces of
+its slots (written, or referenced in a base) into a :class:`RankResult`; rank 0 merges every
+rank's result into the manifest, assembling replicated and sharded entries from the pieces all ranks wrote.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from snapshotkit._format.checksum import format_checksum
 from snapshotkit._format.entries import Entry, ObjectEntry, Piece, Shard, ShardedTensorEntry, TensorEntry
 from snapshotkit._plan.decide import Decision, PieceKey
 from snapshotkit._plan.layout import PieceSlot
@@ -27,15 +26,11 @@ class RankResult:
     shared: Mapping[PieceKey, Piece]
 
 
-def _piece(slot: PieceSlot, checksum: int) -> Piece:
-    return Piece(slot.location, (slot.offset, slot.offset + slot.nbytes), format_checksum(checksum))
-
-
-def finish_rank(plan: TakePlan, checksums: Mapping[PieceSlot, int]) -> RankResult:
-    """This rank's :class:`RankResult`, given the CRC-32C of every slot it wrote."""
+def finish_rank(plan: TakePlan, written: Mapping[PieceSlot, Piece]) -> RankResult:
+    """This rank's :class:`RankResult`, given the final piece of every slot it wrote."""
 
     def pieces(payload: int) -> tuple[Piece, ...]:
-        return tuple(_piece(slot, checksums[slot]) for slot in plan.slots.get(payload, ()))
+        return tuple(written[slot] for slot in plan.slots.get(payload, ()))
 
     entries: dict[str, Entry | PendingReplicated | PendingSharded] = {}
     for key, entry in plan.entries.items():
@@ -46,7 +41,7 @@ def finish_rank(plan: TakePlan, checksums: Mapping[PieceSlot, int]) -> RankResul
             entries[key] = ObjectEntry(entry.obj_type, piece, False)
         else:
             entries[key] = entry
-    shared = {key: _piece(slot, checksums[slot]) for key, slot in plan.shared_slots.items()}
+    shared = {key: written[slot] for key, slot in plan.shared_slots.items()}
     return RankResult(entries, shared)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from snapshotkit._format.checksum import crc32c, format_checksum, parse_checksum
 from snapshotkit._format.entries import Piece
 from snapshotkit._plan.reads import RangeRequest, ReadBatch, plan_read_batches
+from snapshotkit._restore.bases import check_referenced
 from snapshotkit._restore.failures import storage_failure
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import gather_or_cancel, to_thread
@@ -66,7 +67,7 @@ def _verify(read: PieceRead, data: memoryview, running: int = 0, *, final: bool 
     if final and value != parse_checksum(read.piece.checksum):
         raise ChecksumMismatchError(
             f"checksum mismatch for logical path {read.logical_path!r}: bytes {list(read.piece.byte_range)} of "
-            f"data object {read.piece.location!r} have {format_checksum(value)}, the manifest says "
+            f"data object {read.piece.address!r} have {format_checksum(value)}, the manifest says "
             f"{read.piece.checksum}. The snapshot is corrupt; restore from another snapshot "
             "(or pass verify_checksums=False to read it anyway)"
         )
@@ -150,11 +151,11 @@ async def _run_streamed(
             data = memoryview(bytearray(length))
             try:
                 async with io_slots:
-                    await plugin.read_into(read.piece.location, offset, [data])
+                    await plugin.read_into(read.piece.address, offset, [data])
             except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
-                raise _storage_failure(exc, read.piece.location, [read.logical_path]) from exc
+                raise _storage_failure(exc, read.piece.address, [read.logical_path]) from exc
             except Exception as exc:
-                location = read.piece.location
+                location = read.piece.address
                 raise storage_failure(exc, location=location, logical_paths=[read.logical_path])  # noqa: B904
 
             def finish(
@@ -177,10 +178,12 @@ async def check_extents(plugin: StoragePlugin, claims: Iterable[Claim], *, io_co
         TruncatedDataError: a data object ends before a claimed piece does.
         IntegrityError: a claimed data object is missing.
     """
+    claims = list(claims)
+    await check_referenced(plugin, ((claim.piece, claim.logical_path) for claim in claims))
     furthest: dict[str, int] = {}
     paths: dict[str, set[str]] = {}
     for claim in claims:
-        location, end = claim.piece.location, claim.piece.byte_range[1]
+        location, end = claim.piece.address, claim.piece.byte_range[1]
         furthest[location] = max(furthest.get(location, 0), end)
         paths.setdefault(location, set()).add(claim.logical_path)
     slots = asyncio.Semaphore(io_concurrency)
@@ -214,11 +217,12 @@ async def read_pieces(
     Returns the bytes read from storage: the merged ranges (with the small gaps between their
     pieces) and the pieces fetched in sub-ranges.
     """
+    await check_referenced(plugin, ((read.piece, read.logical_path) for read in reads))
     threshold = max(budget.total_bytes, MIN_SUBRANGE_BYTES)
     streamed = [r for r in reads if r.direct is None and r.splittable and r.piece.nbytes > threshold]
     streamed_ids = {id(r) for r in streamed}
     requests = [
-        RangeRequest(r.piece.location, r.piece.byte_range[0], r.piece.byte_range[1], index)
+        RangeRequest(r.piece.address, r.piece.byte_range[0], r.piece.byte_range[1], index)
         for index, r in enumerate(reads)
         if id(r) not in streamed_ids and r.piece.nbytes > 0
     ]

@@ -143,7 +143,7 @@ class LeafLoader:
                 f"{logical_path!r}: pieces hold {entry.nbytes} bytes but dtype {entry.dtype} shape "
                 f"{list(entry.shape)} needs {entry.numel * itemsize}"
             )
-        first = (entry.pieces[0].location, entry.pieces[0].byte_range) if entry.pieces else None
+        first = (entry.pieces[0].address, entry.pieces[0].byte_range) if entry.pieces else None
         if in_place:
             target: torch.Tensor = destination.detach()
             key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
@@ -272,7 +272,7 @@ def _union_bytes(pieces: Iterable[Piece]) -> int:
     """Bytes covered by the union of the pieces' ranges, per data object."""
     by_location: dict[str, list[tuple[int, int]]] = {}
     for piece in pieces:
-        by_location.setdefault(piece.location, []).append(piece.byte_range)
+        by_location.setdefault(piece.address, []).append(piece.byte_range)
     total = 0
     for ranges in by_location.values():
         covered_to = 0

@@ -25,13 +25,16 @@ from typing import Any
 import torch
 
 from snapshotkit._dist import Rendezvous
+from snapshotkit._format.bases import new_snapshot_id
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME, Entry, format_version_for
+from snapshotkit._format.pieces import Piece, pieces_of
 from snapshotkit._plan.decide import Decision
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.merge import RankResult, finish_rank, merge_results
 from snapshotkit._plan.rank_plan import PendingObject, PendingTensor, TakePlan
 from snapshotkit._runtime.loop import run_sync
+from snapshotkit._take.reuse import referenced_bases
 from snapshotkit._version import __version__
 from snapshotkit.errors import SnapshotExistsError, SnapshotkitError, StorageError
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
@@ -42,6 +45,7 @@ class CommitPlan:
     """What the commit needs once the data is staged (no tensors: the caller's state may go).
 
     Stays in this process (never pickled for a writer); ``user_metadata`` is written by rank 0 only.
+    ``base_ids`` maps every base location an incremental take may reference to its snapshot id.
     """
 
     path: str
@@ -51,6 +55,7 @@ class CommitPlan:
     layouts: Mapping[str, str]
     world_size: int
     user_metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    base_ids: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def storage_error(
@@ -98,10 +103,16 @@ def logical_paths_in(plan: TakePlan, data_object: DataObjectPlan) -> list[str]:
 
 
 def build_metadata(
-    manifest: dict[str, Entry], world_size: int, user_metadata: Mapping[str, Any] | None = None
+    manifest: dict[str, Entry],
+    world_size: int,
+    user_metadata: Mapping[str, Any] | None = None,
+    base_ids: Mapping[str, str] | None = None,
 ) -> SnapshotMetadata:
-    """The manifest document for ``manifest``, stamped with versions and the commit time, holding
-    ``user_metadata`` (already checked by :func:`~snapshotkit._format.user_metadata.check_user_metadata`)."""
+    """The manifest document for ``manifest``, stamped with versions, the commit time and a new
+    snapshot id, holding ``user_metadata`` (already checked by
+    :func:`~snapshotkit._format.user_metadata.check_user_metadata`) and the ``bases`` its pieces
+    reference (their ids from ``base_ids``)."""
+    pieces = [piece for entry in manifest.values() for piece in pieces_of(entry)]
     return SnapshotMetadata(
         format_version=format_version_for(manifest),
         snapshotkit_version=__version__,
@@ -110,6 +121,8 @@ def build_metadata(
         world_size=world_size,
         manifest=manifest,
         user_metadata=dict(user_metadata or {}),
+        snapshot_id=new_snapshot_id(),
+        bases=referenced_bases(pieces, base_ids or {}),
     )
 
 
@@ -153,7 +166,7 @@ def run_commit(
     rendezvous: Rendezvous,
     *,
     rank: int,
-    checksums: Mapping[PieceSlot, int],
+    pieces: Mapping[PieceSlot, Piece],
     error: BaseException | None,
     steps: tuple[str, str],
 ) -> SnapshotMetadata | None:
@@ -164,7 +177,7 @@ def run_commit(
     """
     result: RankResult | None = None
     if error is None:
-        result = finish_rank(commit.plan, checksums)
+        result = finish_rank(commit.plan, pieces)
     results = rendezvous.gather(result, error, steps[0])
     metadata: SnapshotMetadata | None = None
     commit_error: BaseException | None = None
@@ -172,7 +185,7 @@ def run_commit(
         assert results is not None
         try:
             manifest = merge_results(results, commit.decision, commit.layouts)
-            metadata = build_metadata(manifest, commit.world_size, commit.user_metadata)
+            metadata = build_metadata(manifest, commit.world_size, commit.user_metadata, commit.base_ids)
             document = metadata.to_bytes()
             run_sync(_write_manifest(_plugin(commit), document, commit.path))
         except Exception as exc:

@@ -6,11 +6,13 @@ only CPU time the trainer leaves idle), then calls :func:`main` with the socket'
 first argument. It reads messages from the socket ``fd``
 (a :class:`multiprocessing.connection.Connection`): first the runtime storage-plugin
 registrations to repeat, then ``("write", job, path, storage_options, location,
-shared_memory_name, nbytes, slots, io_concurrency)`` for each staged data object (``slots``:
-the ``(offset, nbytes)`` of each piece),
+shared_memory_name, nbytes, slots, io_concurrency, reuse)`` for each staged data object
+(``slots``: the ``(offset, nbytes)`` of each piece; ``reuse``: an incremental take's
+:class:`~snapshotkit._take.reuse.ReuseIndex`, or None),
 ``("release", name)``, ``("stop",)``. For each write it checksums the staged bytes in the
 shared-memory segment, writes them with the storage plugin for ``path`` (at most
-``io_concurrency`` writes at once) and answers ``("done", job, checksums)`` (the CRC-32C of each piece, in order) or
+``io_concurrency`` writes at once) and answers ``("done", job, pieces)`` (the final piece of each
+slot, in order: :func:`~snapshotkit._take.reuse.settle`) or
 ``("error", job, exception, text)``. It exits when told to or when the trainer goes away.
 """
 
@@ -26,8 +28,8 @@ from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 from snapshotkit._dist import portable
-from snapshotkit._format.checksum import crc32c
 from snapshotkit._runtime.frames import drop_frames
+from snapshotkit._take.reuse import ReuseIndex, settle
 from snapshotkit._take.writers import plugin_key
 from snapshotkit.storage import StoragePlugin, open_storage_plugin, register_storage_plugin
 
@@ -58,15 +60,23 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
         nbytes: int,
         pieces: Any,
         io_concurrency: int,
+        reuse: ReuseIndex | None,
     ) -> None:
         semaphore = slots.get(io_concurrency)
         if semaphore is None:
             semaphore = slots[io_concurrency] = asyncio.Semaphore(io_concurrency)
         async with semaphore:
-            await write_one(job, path, options, location, name, nbytes, pieces)
+            await write_one(job, path, options, location, name, nbytes, pieces, reuse)
 
     async def write_one(
-        job: int, path: str, options: dict[str, Any], location: str, name: str, nbytes: int, pieces: Any
+        job: int,
+        path: str,
+        options: dict[str, Any],
+        location: str,
+        name: str,
+        nbytes: int,
+        pieces: Any,
+        reuse: ReuseIndex | None,
     ) -> None:
         try:
             key = plugin_key(path, options)
@@ -80,12 +90,18 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
                 resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
             assert segment.buf is not None
             view = segment.buf[:nbytes]
+            views = [view[offset : offset + size] for offset, size in pieces]
             try:
-                checksums = await loop.run_in_executor(None, _checksums, view, pieces)
-                await plugin.write(location, [view])
+                settled = await loop.run_in_executor(None, settle, location, views, reuse)
+                if settled.buffers:
+                    await plugin.write(location, settled.buffers)
+                written = settled.pieces
+                del settled  # its buffers are views of the segment: gone before the views are released
             finally:
+                for piece_view in views:
+                    piece_view.release()
                 view.release()
-            reply(("done", job, checksums))
+            reply(("done", job, written))
         except BaseException as exc:  # reported to the trainer, which raises it from wait()
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             reply(("error", job, portable(exc), text))
@@ -116,10 +132,6 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
     gc.collect()  # views of the segments that only reference cycles still hold
     for segment in segments.values():
         segment.close()
-
-
-def _checksums(view: memoryview, slots: list[tuple[int, int]]) -> list[int]:
-    return [crc32c(view[offset : offset + nbytes]) for offset, nbytes in slots]
 
 
 def main() -> None:

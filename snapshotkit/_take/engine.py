@@ -34,12 +34,13 @@ from snapshotkit._config import Config
 from snapshotkit._dist import CollectiveRendezvous, Group, Rendezvous, StoreRendezvous
 from snapshotkit._events import current_step, emit, transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.rank_plan import TakePlan
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._take.commit import CommitPlan, discard, logical_paths_in, run_commit, storage_error
-from snapshotkit._take.prepare import PreparedTake, prepare_take
+from snapshotkit._take.prepare import LoadBase, PreparedTake, prepare_take
 from snapshotkit._take.stage import StagedObject
 from snapshotkit._take.writers import InlineWriter, Target, WriteJob, Writer, background_writer, shutdown_writers
 from snapshotkit.errors import WaitTimeoutError
@@ -149,6 +150,7 @@ def take(
     include: object = None,
     exclude: object = None,
     tensor_prepare_func: object = None,
+    load_base: LoadBase | None = None,
 ) -> tuple[str, SnapshotMetadata | None]:
     """A synchronous take on every rank of ``group``: the path written (rank 0's) and, on rank 0,
     the committed metadata."""
@@ -164,6 +166,7 @@ def take(
         include=include,
         exclude=exclude,
         tensor_prepare_func=tensor_prepare_func,
+        load_base=load_base,
     )
     return job.path, job.wait()
 
@@ -181,6 +184,7 @@ def async_take(
     include: object = None,
     exclude: object = None,
     tensor_prepare_func: object = None,
+    load_base: LoadBase | None = None,
 ) -> TakeJob:
     """Stage and return; a background writer writes and a coordinator thread commits."""
     writer = background_writer(executor, config.background_niceness)
@@ -196,6 +200,7 @@ def async_take(
         include=include,
         exclude=exclude,
         tensor_prepare_func=tensor_prepare_func,
+        load_base=load_base,
     )
 
 
@@ -212,12 +217,13 @@ def start_take(
     include: object = None,
     exclude: object = None,
     tensor_prepare_func: object = None,
+    load_base: LoadBase | None = None,
 ) -> TakeJob:
     """Run the pipeline (module docstring) with ``writer``; return once staging is done.
 
     With the inline writer the writes and the commit also ran when this returns.
     ``user_metadata``, ``include``, ``exclude`` and ``tensor_prepare_func`` are the caller's
-    arguments, checked before anything is written.
+    arguments, checked before anything is written; ``load_base`` reads an incremental take's base.
     """
     started_s, step = time.perf_counter(), current_step()
     emit("take_started", path=path, rank=group.rank, step=step)
@@ -234,6 +240,7 @@ def start_take(
             include=include,
             exclude=exclude,
             tensor_prepare_func=tensor_prepare_func,
+            load_base=load_base,
         )
     except BaseException as exc:
         seconds = time.perf_counter() - started_s
@@ -257,7 +264,7 @@ def run_prepared(
     """Stage, write and commit a prepared take (the rest of :func:`start_take`, which passes
     when the take started and its step)."""
     options = dict(storage_options)
-    target = Target(prepared.path, options)
+    target = Target(prepared.path, options, prepared.reuse)
     job = TakeJob(
         prepared.path,
         rank=group.rank,
@@ -275,6 +282,7 @@ def run_prepared(
             prepared.local.sharded_layouts(),
             group.world_size,
             prepared.user_metadata,
+            prepared.reuse.bases if prepared.reuse is not None else {},
         )
         rendezvous: Rendezvous = CollectiveRendezvous(group)
         if group.distributed and not isinstance(writer, InlineWriter):
@@ -358,10 +366,11 @@ def _releaser(writer: Writer, budget: MemoryBudget, staged: StagedObject, cost: 
 
 def _wait_for_writes(
     submitted: Sequence[_Submitted], error: BaseException | None, path: str, plan: TakePlan
-) -> tuple[dict[PieceSlot, int], BaseException | None]:
-    """The checksum of every slot written, and the first error. After an error, the remaining
-    writes are cancelled (where the writer can) and waited for, so nothing writes once this returns."""
-    checksums: dict[PieceSlot, int] = {}
+) -> tuple[dict[PieceSlot, Piece], BaseException | None]:
+    """The final piece of every slot written (or referenced), and the first error. After an error,
+    the remaining writes are cancelled (where the writer can) and waited for, so nothing writes once
+    this returns."""
+    pieces: dict[PieceSlot, Piece] = {}
     cancelled = False
     try:
         for index, item in enumerate(submitted):
@@ -378,12 +387,12 @@ def _wait_for_writes(
                     paths = logical_paths_in(plan, item.plan)
                     error = storage_error(exc, path, location=item.plan.location, logical_paths=paths)
                 continue
-            checksums.update(zip(item.plan.slots, values, strict=True))
+            pieces.update(zip(item.plan.slots, values, strict=True))
     except BaseException:  # interrupted while waiting: stop every write (latest first) before cleaning up
         for item in reversed(submitted):
             item.job.cancel()
         raise
-    return checksums, error
+    return pieces, error
 
 
 def _finish(
@@ -399,10 +408,10 @@ def _finish(
 ) -> None:
     """Wait for this rank's writes, then commit; on any failure delete what this rank wrote."""
     try:
-        checksums, error = _wait_for_writes(submitted, error, commit.path, commit.plan)
+        pieces, error = _wait_for_writes(submitted, error, commit.path, commit.plan)
         if error is None and isinstance(writer, InlineWriter):
             job._staged()  # zero-copy staging: the data is staged once it is written
-        metadata = run_commit(commit, rendezvous, rank=rank, checksums=checksums, error=error, steps=steps)
+        metadata = run_commit(commit, rendezvous, rank=rank, pieces=pieces, error=error, steps=steps)
     except BaseException as exc:
         discard(commit, [item.plan.location for item in submitted])
         job._finish(exc)

@@ -16,6 +16,7 @@ from typing import Any
 from snapshotkit._app_state import validate_app_state
 from snapshotkit._config import Config
 from snapshotkit._dist import Group
+from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME
 from snapshotkit._format.user_metadata import check_user_metadata
 from snapshotkit._plan.decide import Decision, decide
@@ -31,6 +32,7 @@ from snapshotkit._take.collect import (
     describe_state,
 )
 from snapshotkit._take.commit import storage_error
+from snapshotkit._take.reuse import ReuseIndex, build_reuse_index
 from snapshotkit.errors import SnapshotExistsError, SnapshotkitError
 from snapshotkit.storage import StoragePlugin
 
@@ -46,6 +48,7 @@ class PreparedTake:
         decision: the shared decision.
         plan: this rank's plan.
         user_metadata: this rank's checked ``metadata=`` (rank 0's is the one committed).
+        reuse: for an incremental take, the base's pieces it may reference instead of writing.
     """
 
     path: str
@@ -54,6 +57,11 @@ class PreparedTake:
     decision: Decision
     plan: TakePlan
     user_metadata: Mapping[str, Any]
+    reuse: ReuseIndex | None = None
+
+
+#: Loads an incremental take's base: its path and decoded manifest.
+LoadBase = Callable[[], tuple[str, SnapshotMetadata]]
 
 
 def prepare_take(
@@ -68,6 +76,7 @@ def prepare_take(
     include: object = None,
     exclude: object = None,
     tensor_prepare_func: object = None,
+    load_base: LoadBase | None = None,
 ) -> PreparedTake:
     """Collect, describe, exchange and plan (see the module docstring).
 
@@ -75,13 +84,15 @@ def prepare_take(
     ``_custom_tensor_prepare_func`` hook) are the take's arguments as the caller gave them: they
     are checked here, first; each rank keeps what its own patterns select. A failure on any rank
     (an invalid argument or app_state, a ``state_dict()`` that raises, patterns that select
-    nothing, an existing snapshot at the path) makes every rank raise here, before anything is
-    written.
+    nothing, an existing snapshot at the path, a base that cannot be read or lies outside the
+    folder that holds the path) makes every rank raise here, before anything is written.
+    ``load_base`` (an incremental take) reads the base's manifest on every rank.
     """
     local: LocalState | None = None
     info: RankInfo | None = None
     error: BaseException | None = None
     stored_metadata: dict[str, Any] = {}
+    reuse: ReuseIndex | None = None
     try:
         stored_metadata = check_user_metadata(user_metadata)
         selection = Selection.of(include, exclude)
@@ -89,6 +100,15 @@ def prepare_take(
         states_of = validate_app_state(app_state)
         if group.rank == 0:
             run_sync(_refuse_existing(_open(open_plugin, path), path))
+        if load_base is not None:
+            base_path, base = load_base()
+            reuse = build_reuse_index(path, base_path, base, config.min_reference_bytes)
+            if base.snapshot_id is None and group.rank == 0:
+                warnings.warn(
+                    f"the base {base_path!r} has format version {base.format_version}, without content hashes: "
+                    "this take writes every byte (a snapshot taken by this snapshotkit can be a base)",
+                    stacklevel=5,
+                )
         states = collect_state(states_of)
         patterns = list(dict.fromkeys([*replicated, *ddp_replicated_patterns(states_of)]))
         with gc_paused():
@@ -111,7 +131,7 @@ def prepare_take(
         )
     if group.rank == 0:
         _warn_about_differences(infos, decision)
-    return PreparedTake(infos[0].path, take_id, local, decision, plan, stored_metadata)
+    return PreparedTake(infos[0].path, take_id, local, decision, plan, stored_metadata, reuse)
 
 
 def _open(open_plugin: Callable[[str], StoragePlugin], path: str) -> StoragePlugin:

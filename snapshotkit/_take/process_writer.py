@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from multiprocessing import shared_memory
 from typing import Any
 
+from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import DataObjectPlan
 from snapshotkit._plan.leaves import Payload
 from snapshotkit._take.stage import StagedObject, stage_into
@@ -46,7 +47,7 @@ class _DaemonJob:
     """A write the daemon was asked to do; it cannot be called back once sent."""
 
     def __init__(self) -> None:
-        self.future: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
+        self.future: concurrent.futures.Future[tuple[Piece, ...]] = concurrent.futures.Future()
 
     def cancel(self) -> None:
         return None
@@ -170,6 +171,7 @@ class ProcessWriter:
             staged.plan.nbytes,
             slots,
             io_slots,
+            target.reuse,
         )
         try:
             if self.dead is not None:

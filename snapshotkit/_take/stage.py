@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from snapshotkit._format.checksum import crc32c
 from snapshotkit._format.serialization import (
     byte_view,
     contiguous_cpu_copy,
@@ -51,11 +50,6 @@ class StagedObject:
     pieces: tuple[memoryview, ...]
     handle: Any = None
     keepalive: tuple[Any, ...] = ()
-
-
-def piece_checksums(staged: StagedObject) -> list[int]:
-    """The CRC-32C of every piece of ``staged``, in slot order."""
-    return [crc32c(piece) for piece in staged.pieces]
 
 
 def staging_cost_bytes(plan: DataObjectPlan, payloads: Sequence[Payload]) -> int:

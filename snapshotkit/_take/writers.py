@@ -1,8 +1,10 @@
 """Writers: where staged data objects go to be checksummed and written.
 
 The take engine (:mod:`snapshotkit._take.engine`) stages each planned data object with its
-writer and submits it; the writer returns a :class:`WriteJob` whose future gives the CRC-32C of
-every piece. Three writers implement the one small :class:`Writer` protocol:
+writer and submits it; the writer returns a :class:`WriteJob` whose future gives the final
+:class:`~snapshotkit._format.pieces.Piece` of every slot: checksummed and hashed, written, or a
+reference to a base snapshot's piece (:func:`~snapshotkit._take.reuse.settle`, which every writer
+runs before it writes). Three writers implement the one small :class:`Writer` protocol:
 
 * :class:`InlineWriter` (``Snapshot.take``): zero-copy staging (views of the tensors' own
   memory), writes on snapshotkit's I/O loop while the caller waits;
@@ -24,11 +26,13 @@ from typing import Any, Protocol
 
 import torch
 
+from snapshotkit._format.pieces import Piece
 from snapshotkit._format.serialization import byte_view
 from snapshotkit._plan.layout import DataObjectPlan
 from snapshotkit._plan.leaves import Payload
 from snapshotkit._runtime.loop import background_loop, get_loop, spawn, to_thread
-from snapshotkit._take.stage import StagedObject, ViewStager, piece_checksums, stage_into, staging_cost_bytes
+from snapshotkit._take.reuse import ReuseIndex, settle
+from snapshotkit._take.stage import StagedObject, ViewStager, stage_into, staging_cost_bytes
 from snapshotkit.errors import ConfigError
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
@@ -38,10 +42,12 @@ EXECUTORS = ("thread", "process")
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """Where a take writes: the snapshot's URI and storage options."""
+    """Where a take writes: the snapshot's URI and storage options, and for an incremental take
+    the pieces it may reference instead of writing."""
 
     path: str
     storage_options: Mapping[str, Any]
+    reuse: ReuseIndex | None = None
 
 
 def plugin_key(path: str, storage_options: Mapping[str, Any]) -> tuple[str, str]:
@@ -50,7 +56,7 @@ def plugin_key(path: str, storage_options: Mapping[str, Any]) -> tuple[str, str]
 
 
 class WriteJob(Protocol):
-    """A submitted data object: ``future`` gives its pieces' checksums, in slot order."""
+    """A submitted data object: ``future`` gives its final pieces, in slot order."""
 
     @property
     def future(self) -> Any: ...
@@ -87,7 +93,7 @@ class Writer(Protocol):
         ...
 
     def submit(self, target: Target, staged: StagedObject, io_slots: Any) -> WriteJob:
-        """Checksum and write ``staged`` in the background."""
+        """Checksum, hash, :func:`~snapshotkit._take.reuse.settle` and write ``staged`` in the background."""
         ...
 
     def release(self, target: Target) -> None:
@@ -120,11 +126,12 @@ class _LoopWriter:
     def submit(self, target: Target, staged: StagedObject, io_slots: Any) -> WriteJob:
         plugin = self._plugin_for(target)
 
-        async def write() -> list[int]:
+        async def write() -> tuple[Piece, ...]:
             async with io_slots:
-                checksums: list[int] = await to_thread(piece_checksums, staged)
-                await plugin.write(staged.plan.location, staged.buffers)
-            return checksums
+                settled = await to_thread(settle, staged.plan.location, staged.pieces, target.reuse)
+                if settled.buffers:
+                    await plugin.write(staged.plan.location, settled.buffers)
+            return settled.pieces
 
         return spawn(write(), self.loop)
 

@@ -127,7 +127,7 @@ def _tensor_stats(
     if not is_numeric(dtype_from_name(entry.dtype)):
         return None
     config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=True)
-    with SnapshotReader(handle.path, common.storage_options, config) as reader:
+    with SnapshotReader(handle.path, common.storage_options, config, bases=handle.metadata.bases) as reader:
         return stream_stats(reader, logical_path, entry, count)
 
 

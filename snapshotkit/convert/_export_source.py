@@ -33,6 +33,7 @@ from snapshotkit._format.serialization import byte_view, deserialize_object, dty
 from snapshotkit._plan.flatten import Flattened, inflate, join_path, unescape_key
 from snapshotkit._plan.partition import matches_any
 from snapshotkit._plan.select import prune
+from snapshotkit._restore.bases import open_snapshot_storage
 from snapshotkit._restore.engine import load_metadata
 from snapshotkit._restore.failures import open_failure
 from snapshotkit._restore.fetch import Claim, PieceRead, check_extents, read_pieces
@@ -276,8 +277,9 @@ class Source:
         self.path = path
         self.config = config
         self.weights_only = weights_only
-        self._open: Callable[[], StoragePlugin] = lambda: open_storage_plugin(path, options)
-        self.metadata = load_metadata(self._open, path)
+        self.metadata = load_metadata(lambda: open_storage_plugin(path, options), path)
+        bases = self.metadata.bases
+        self._open: Callable[[], StoragePlugin] = lambda: open_snapshot_storage(path, options, bases)
         self.view = rank_view(self.metadata, 0)
         self._plugin: StoragePlugin | None = None
 

@@ -238,7 +238,7 @@ def _contents(metadata: SnapshotMetadata) -> tuple[tuple[str, ...], int]:
         elif isinstance(entry, ShardedTensorEntry):
             found = [piece for shard in entry.shards for piece in shard.pieces]
         for piece in found:
-            pieces[(piece.location, piece.byte_range)] = piece.byte_range[1] - piece.byte_range[0]
+            pieces[(piece.address, piece.byte_range)] = piece.byte_range[1] - piece.byte_range[0]
     return tuple(paths), sum(pieces.values())
 
 

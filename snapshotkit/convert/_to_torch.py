@@ -159,7 +159,7 @@ def _tie_key(logical_path: str, entry: TensorEntry | ShardedTensorEntry) -> Any:
     pieces): with the same dtype and shape they are one tensor (tied weights)."""
     if isinstance(entry, TensorEntry) and entry.pieces:
         first: Piece = entry.pieces[0]
-        return ("stored", first.location, first.byte_range, entry.dtype, entry.shape)
+        return ("stored", first.address, first.byte_range, entry.dtype, entry.shape)
     return ("stored", logical_path)
 
 

@@ -1,0 +1,129 @@
+"""Incremental takes: which staged pieces a base snapshot already holds, and what is left to write.
+
+Reuse is decided by content, never by identity: every staged piece gets its content hash
+(128-bit XXH3) beside its CRC-32C, and a piece whose hash, length and CRC-32C equal a piece of
+the base is recorded as a *reference* to the base's bytes instead of being written. A change
+made through ``.data``, a NumPy view or another process changes the bytes, hence the hash.
+Pieces smaller than ``Config.min_reference_bytes`` are always written.
+
+References never chain: a base piece that is itself a reference is reused by pointing at the
+snapshot that holds the bytes, so reading an incremental snapshot opens its bases, never their
+bases. :func:`settle` runs where the bytes are checksummed (a writer thread, or the checkpoint
+daemon), then the data object holds only the pieces it keeps, packed again in order; a data
+object whose pieces are all reused is not written at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from snapshotkit._format.bases import base_location_for, resolve_base
+from snapshotkit._format.checksum import content_hash, crc32c, format_checksum
+from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._format.pieces import Piece, pieces_of
+from snapshotkit._plan.layout import ALIGNMENT_BYTES
+from snapshotkit.errors import ConfigError
+
+_PADDING = memoryview(bytes(ALIGNMENT_BYTES))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReuseIndex:
+    """The pieces a take may reference instead of writing.
+
+    Attributes:
+        by_hash: content hash -> the piece as the new snapshot references it (``base`` set).
+        bases: base location -> that base's snapshot id, for every base a reference may name.
+        min_bytes: pieces shorter than this are written even when a base holds them.
+        base_path: the base the take was given (for messages).
+    """
+
+    by_hash: Mapping[str, Piece]
+    bases: Mapping[str, str]
+    min_bytes: int
+    base_path: str = ""
+
+    def lookup(self, digest: str, nbytes: int, checksum: str) -> Piece | None:
+        """The reference for a piece of ``nbytes`` bytes with this hash and CRC, if a base holds it."""
+        if nbytes < self.min_bytes:
+            return None
+        found = self.by_hash.get(digest)
+        if found is None or found.nbytes != nbytes or found.checksum != checksum:
+            return None
+        return found
+
+
+def build_reuse_index(path: str, base_path: str, base: SnapshotMetadata, min_bytes: int) -> ReuseIndex:
+    """What a take to ``path`` may reuse of the snapshot ``base`` at ``base_path``.
+
+    The base's own pieces become references to it; its references stay references to the
+    snapshots that hold the bytes, when those lie in the folder that holds ``path`` too.
+
+    Raises:
+        ConfigError: the base is not a snapshot in the folder that holds ``path``, or is ``path``.
+    """
+    own = base_location_for(path, base_path)
+    if base.snapshot_id is None:  # format 1-3: no id to check, no hashes to compare
+        return ReuseIndex({}, {}, min_bytes, base_path)
+    holders: dict[str | None, str | None] = {None: own}
+    bases: dict[str, str] = {}
+    for location, base_id in base.bases.items():
+        try:
+            holder = base_location_for(path, resolve_base(base_path, location))
+        except (ConfigError, ValueError):
+            holders[location] = None  # outside the new snapshot's folder: written again instead
+            continue
+        holders[location], bases[holder] = holder, base_id
+    bases[own] = base.snapshot_id
+    by_hash: dict[str, Piece] = {}
+    for entry in base.manifest.values():
+        for piece in pieces_of(entry):
+            holder = holders.get(piece.base)
+            if piece.hash is None or holder is None or piece.nbytes < min_bytes or piece.hash in by_hash:
+                continue
+            by_hash[piece.hash] = dataclasses.replace(piece, base=holder)
+    return ReuseIndex(by_hash, bases, min_bytes, base_path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settled:
+    """A staged data object after :func:`settle`.
+
+    Attributes:
+        pieces: the final piece of every slot, in slot order (written here, or a reference).
+        buffers: what to write to the data object, back to back (empty: write nothing).
+        written_bytes: the bytes of the pieces written (padding excluded).
+    """
+
+    pieces: tuple[Piece, ...]
+    buffers: tuple[memoryview, ...]
+    written_bytes: int
+
+
+def settle(location: str, views: Sequence[memoryview], reuse: ReuseIndex | None) -> Settled:
+    """Checksum and hash each staged piece (``views``, in slot order, of data object ``location``),
+    replace those a base holds by references, and pack the rest at aligned offsets."""
+    pieces: list[Piece] = []
+    buffers: list[memoryview] = []
+    offset = written = 0
+    for view in views:
+        checksum, digest = format_checksum(crc32c(view)), content_hash(view)
+        nbytes = view.nbytes
+        found = reuse.lookup(digest, nbytes, checksum) if reuse is not None else None
+        if found is not None:
+            pieces.append(found)
+            continue
+        start = -(-offset // ALIGNMENT_BYTES) * ALIGNMENT_BYTES
+        if start > offset:
+            buffers.append(_PADDING[: start - offset])
+        buffers.append(view)
+        pieces.append(Piece(location, (start, start + nbytes), checksum, digest))
+        offset, written = start + nbytes, written + nbytes
+    return Settled(tuple(pieces), tuple(buffers), written)
+
+
+def referenced_bases(pieces: Sequence[Piece], bases: Mapping[str, str]) -> dict[str, str]:
+    """The ``bases`` header of a manifest with these pieces: each base a piece references -> its id."""
+    used = sorted({piece.base for piece in pieces if piece.base is not None})
+    return {location: bases[location] for location in used}
