@@ -60,6 +60,9 @@ class Event:
         nbytes: the bytes this rank staged, wrote or read, where that applies.
         seconds: how long it took, from the start of the take or restore, where that applies.
         error: for ``take_failed``, the exception the take raised to the caller.
+        referenced_bytes: for ``take_committed`` of an incremental take, the bytes of pieces this
+            rank referenced in base snapshots instead of writing them (``nbytes`` is then what
+            it wrote); 0 for a full take.
     """
 
     kind: EventKind
@@ -69,6 +72,7 @@ class Event:
     nbytes: int | None = None
     seconds: float | None = None
     error: BaseException | None = None
+    referenced_bytes: int | None = None
 
 
 class _Current(enum.Enum):
@@ -141,6 +145,7 @@ def emit(
     seconds: float | None = None,
     error: BaseException | None = None,
     step: int | _Current | None = CURRENT_STEP,
+    referenced_bytes: int | None = None,
 ) -> None:
     """Deliver an :class:`Event` to every subscriber; nothing at all when there is none.
 
@@ -159,6 +164,7 @@ def emit(
         nbytes=nbytes,
         seconds=seconds,
         error=error,
+        referenced_bytes=referenced_bytes,
     )
     for _, callback in subscribers:
         try:
@@ -167,8 +173,8 @@ def emit(
             logger.exception("an events callback, %r, raised on %r; snapshotkit ignored it", callback, event)
 
 
-def transfer_summary(nbytes: int, seconds: float) -> str:
-    """How much moved how fast, for log lines: ``"1.00 GiB in 2.31 s (0.43 GiB/s)"``."""
+def format_bytes(nbytes: int) -> str:
+    """A byte count for log lines: ``"512 B"``, ``"1.00 GiB"``."""
     amount = f"{nbytes} B"
     size = float(nbytes)
     for unit in ("KiB", "MiB", "GiB", "TiB"):
@@ -176,5 +182,11 @@ def transfer_summary(nbytes: int, seconds: float) -> str:
             break
         size /= 1024
         amount = f"{size:.2f} {unit}"
+    return amount
+
+
+def transfer_summary(nbytes: int, seconds: float) -> str:
+    """How much moved how fast, for log lines: ``"1.00 GiB in 2.31 s (0.43 GiB/s)"``."""
+    amount = format_bytes(nbytes)
     rate = nbytes / (1 << 30) / seconds if seconds > 0 else float("inf")
     return f"{amount} in {seconds:.2f} s ({rate:.2f} GiB/s)"

@@ -46,6 +46,7 @@ from __future__ import annotations
 import pickle
 
 __all__ = [
+    "BaseSnapshotError",
     "BucketNotFoundError",
     "CheckpointDaemonError",
     "ChecksumMismatchError",
@@ -71,7 +72,6 @@ __all__ = [
     "StorageError",
     "StoragePermissionError",
     "TruncatedDataError",
-    "BaseSnapshotError",
     "UnknownStorageSchemeError",
     "UnsafeLocationError",
     "UnsafeObjectError",

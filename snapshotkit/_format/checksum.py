@@ -6,7 +6,7 @@ so checksums run beside I/O on other threads.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import crc32c as _crc32c
 import xxhash as _xxhash
@@ -38,3 +38,13 @@ def content_hash(data: Buffer) -> str:
     """The manifest's content hash of ``data``: ``"xxh3-128:<32 hex digits>"`` (128-bit XXH3; the
     ``xxhash`` extension releases the GIL, like ``crc32c``)."""
     return f"{HASH_ALGORITHM}:{_xxhash.xxh3_128_hexdigest(data)}"
+
+
+def content_hasher() -> Any:
+    """A streaming :func:`content_hash`: ``update()`` it with consecutive bytes, then :func:`finish_hash`."""
+    return _xxhash.xxh3_128()
+
+
+def finish_hash(hasher: Any) -> str:
+    """The manifest's text for a :func:`content_hasher` fed every byte of a piece."""
+    return f"{HASH_ALGORITHM}:{hasher.hexdigest()}"

@@ -19,13 +19,11 @@ from snapshotkit._format.entries import (
     Entry,
     ShardedTensorEntry,
     TensorEntry,
-    _fail,
     _field,
-    _json_string,
     check_containers,
     decode_entry,
 )
-from snapshotkit._format.pieces import pieces_of
+from snapshotkit._format.pieces import _fail, _json_string, pieces_of
 from snapshotkit.errors import ManifestError, UnsupportedFormatVersionError
 
 #: The optional header member that holds the take's ``metadata=`` (docs/format.md section 2.2).

@@ -2,7 +2,8 @@
 
 A restore stops at the first bad piece; a check goes on. It reads every piece once through the
 restore side's fetch pipeline (batched ranged reads, checksums verified, bounce buffers under
-the budget). Only when that fails does it look closer: data objects that are missing altogether
+the budget), and also recomputes each piece's content hash where the manifest has one (format
+4). Only when that fails does it look closer: data objects that are missing altogether
 are found with one probe each, and the remaining pieces that did not verify are split in halves
 and read again until each failure is pinned to its piece. Damage costs a few re-reads; a
 healthy snapshot is read exactly once.
@@ -14,12 +15,14 @@ import asyncio
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from snapshotkit._format.checksum import content_hasher, finish_hash
 from snapshotkit._inspect.pieces import StoredPiece
 from snapshotkit._inspect.reader import SnapshotReader
 from snapshotkit._restore.fetch import Claim, PieceRead
 from snapshotkit._runtime.loop import gather_or_cancel
-from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError
+from snapshotkit.errors import BaseSnapshotError, ChecksumMismatchError, IntegrityError, TruncatedDataError
 
 #: ``progress(bytes_verified, bytes_total)``; may go down when a piece is read again.
 Progress = Callable[[int, int], None]
@@ -31,9 +34,11 @@ class PieceProblem:
 
     Attributes:
         stored: the piece and the manifest keys holding it.
-        kind: ``"checksum"`` (its bytes differ from the manifest's checksum), ``"truncated"``
-            (its data object ends before it), ``"missing"`` (its data object does not exist) or
-            ``"refused"`` (its data object is not a regular file inside the snapshot).
+        kind: ``"checksum"`` (its bytes differ from the manifest's checksum), ``"hash"`` (its
+            checksum matches but its content hash does not), ``"truncated"`` (its data object
+            ends before it), ``"missing"`` (its data object does not exist), ``"base"`` (the base
+            snapshot holding it is gone, replaced or damaged) or ``"refused"`` (its data object is
+            not a regular file inside the snapshot).
         message: the error a restore would raise for it.
     """
 
@@ -52,6 +57,8 @@ class CheckResult:
 
 def problem_kind(exc: IntegrityError) -> str:
     """The :attr:`PieceProblem.kind` of a fetch's integrity error."""
+    if isinstance(exc, BaseSnapshotError):
+        return "base"
     if isinstance(exc, ChecksumMismatchError):
         return "checksum"
     if isinstance(exc, TruncatedDataError):
@@ -64,6 +71,10 @@ class _Tally:
 
     def __init__(self, pieces: Sequence[StoredPiece], progress: Progress | None) -> None:
         self._sizes = [stored.piece.nbytes for stored in pieces]
+        self._expected = [stored.piece.hash for stored in pieces]
+        self._hashers: dict[int, Any] = {}
+        #: Pieces whose bytes passed the checksum but not the content hash: index -> digest found.
+        self.hash_mismatch: dict[int, str] = {}
         self._total = sum(self._sizes)
         self._done = [0] * len(pieces)
         self.ok = [False] * len(pieces)
@@ -74,10 +85,19 @@ class _Tally:
     def consumer(self, index: int) -> Callable[[int, memoryview], None]:
         def consume(within: int, data: memoryview) -> None:
             with self._lock:
+                if within == 0:
+                    self._hashers.pop(index, None)
+                if self._expected[index] is not None:
+                    self._hashers.setdefault(index, content_hasher()).update(data)
                 self._done[index] += data.nbytes
                 self._sum += data.nbytes
                 # The fetch hands over the last bytes of a piece only once its checksum matched.
-                self.ok[index] = self.ok[index] or within + data.nbytes == self._sizes[index]
+                complete = within + data.nbytes == self._sizes[index]
+                if complete and self._expected[index] is not None:
+                    found = finish_hash(self._hashers.pop(index))
+                    if found != self._expected[index]:
+                        self.hash_mismatch[index] = found
+                self.ok[index] = self.ok[index] or complete
                 self._report()
 
         return consume
@@ -157,6 +177,17 @@ def check_pieces(
         await halve([i for i in everything if not tally.ok[i] and i not in problems])
 
     reader.run(check())
+    for i, found in tally.hash_mismatch.items():
+        problems.setdefault(
+            i,
+            PieceProblem(
+                pieces[i],
+                "hash",
+                f"content hash mismatch for logical path {name(pieces[i])!r}: bytes {list(pieces[i].piece.byte_range)} "
+                f"of data object {pieces[i].piece.address!r} have {found}, the manifest says {pieces[i].piece.hash}. "
+                "The snapshot is corrupt or was edited; restore from another snapshot",
+            ),
+        )
     ordered = tuple(problems[i] for i in sorted(problems))
     read_whole = [i for i in range(len(pieces)) if tally.ok[i] or (i in problems and problems[i].kind == "checksum")]
     return CheckResult(sum(pieces[i].piece.nbytes for i in read_whole), ordered)

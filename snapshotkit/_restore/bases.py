@@ -111,7 +111,7 @@ class ReferencingStorage(StoragePlugin):
         plugin, inner = self._route(location)
         await plugin.read_into(inner, start, buffers)
 
-    async def write(self, location: str, data: object) -> None:  # type: ignore[override]
+    async def write(self, location: str, data: object) -> None:
         raise PermissionError(f"{location}: a snapshot's read-side storage does not write")
 
     async def delete(self, location: str) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from snapshotkit._config import Config
 from snapshotkit._dist import CollectiveRendezvous, Group, Rendezvous, StoreRendezvous
-from snapshotkit._events import current_step, emit, transfer_summary
+from snapshotkit._events import current_step, emit, format_bytes, transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
@@ -77,6 +77,7 @@ class TakeJob:
         self.world_size = world_size
         self.nbytes = nbytes
         self.step = step
+        self.referenced_bytes = 0
         self.started_s = time.perf_counter() if started_s is None else started_s
         self._done = threading.Event()
         self._error: BaseException | None = None
@@ -116,6 +117,8 @@ class TakeJob:
                 emit("take_failed", path=self.path, rank=self.rank, seconds=seconds, error=error, step=self.step)
             else:
                 where = f"rank {self.rank} of {self.world_size}"
+                if self.referenced_bytes:
+                    where += f", {format_bytes(self.referenced_bytes)} referenced in base snapshots"
                 logger.info("took snapshot %s: %s, %s", self.path, transfer_summary(self.nbytes, seconds), where)
                 emit(
                     "take_committed",
@@ -124,6 +127,7 @@ class TakeJob:
                     nbytes=self.nbytes,
                     seconds=seconds,
                     step=self.step,
+                    referenced_bytes=self.referenced_bytes,
                 )
         finally:
             self._error, self._metadata = error, metadata
@@ -409,6 +413,8 @@ def _finish(
     """Wait for this rank's writes, then commit; on any failure delete what this rank wrote."""
     try:
         pieces, error = _wait_for_writes(submitted, error, commit.path, commit.plan)
+        job.referenced_bytes = sum(piece.nbytes for piece in pieces.values() if piece.base is not None)
+        job.nbytes -= job.referenced_bytes  # the bytes written (padding aside)
         if error is None and isinstance(writer, InlineWriter):
             job._staged()  # zero-copy staging: the data is staged once it is written
         metadata = run_commit(commit, rendezvous, rank=rank, pieces=pieces, error=error, steps=steps)

@@ -79,10 +79,10 @@ def build_reuse_index(path: str, base_path: str, base: SnapshotMetadata, min_byt
     by_hash: dict[str, Piece] = {}
     for entry in base.manifest.values():
         for piece in pieces_of(entry):
-            holder = holders.get(piece.base)
-            if piece.hash is None or holder is None or piece.nbytes < min_bytes or piece.hash in by_hash:
+            found = holders.get(piece.base)
+            if piece.hash is None or found is None or piece.nbytes < min_bytes or piece.hash in by_hash:
                 continue
-            by_hash[piece.hash] = dataclasses.replace(piece, base=holder)
+            by_hash[piece.hash] = dataclasses.replace(piece, base=found)
     return ReuseIndex(by_hash, bases, min_bytes, base_path)
 
 

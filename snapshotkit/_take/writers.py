@@ -31,7 +31,7 @@ from snapshotkit._format.serialization import byte_view
 from snapshotkit._plan.layout import DataObjectPlan
 from snapshotkit._plan.leaves import Payload
 from snapshotkit._runtime.loop import background_loop, get_loop, spawn, to_thread
-from snapshotkit._take.reuse import ReuseIndex, settle
+from snapshotkit._take.reuse import ReuseIndex, Settled, settle
 from snapshotkit._take.stage import StagedObject, ViewStager, stage_into, staging_cost_bytes
 from snapshotkit.errors import ConfigError
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
@@ -128,7 +128,7 @@ class _LoopWriter:
 
         async def write() -> tuple[Piece, ...]:
             async with io_slots:
-                settled = await to_thread(settle, staged.plan.location, staged.pieces, target.reuse)
+                settled: Settled = await to_thread(settle, staged.plan.location, staged.pieces, target.reuse)
                 if settled.buffers:
                     await plugin.write(staged.plan.location, settled.buffers)
             return settled.pieces

@@ -32,7 +32,7 @@ LOCATION = data_object_location(0, 0, TAKE_ID)
 def take(
     *states: LocalState, chunk_bytes: int = 1 << 20, data_object_bytes: int = 1 << 20
 ) -> tuple[Decision, list[TakePlan], list[RankResult]]:
-    """Plan every rank and finish it as if it wrote each slot with checksum = its offset + 1."""
+    """Plan every rank and finish it as if it wrote each slot, where it was planned, with checksum = its offset + 1."""
     infos = [rank_info(state, "/ckpt", PATTERNS, f"id{rank}") for rank, state in enumerate(states)]
     decision = decide(infos, chunk_bytes=chunk_bytes)
     plans = [
@@ -45,8 +45,9 @@ def take(
     return decision, plans, results
 
 
-def checksums_of(plan: TakePlan) -> dict[PieceSlot, int]:
-    return {slot: slot.offset + 1 for data_object in plan.data_objects for slot in data_object.slots}
+def checksums_of(plan: TakePlan) -> dict[PieceSlot, Piece]:
+    """The pieces a writer reports when it wrote every slot of ``plan`` where it was planned."""
+    return {slot: piece(slot) for data_object in plan.data_objects for slot in data_object.slots}
 
 
 def piece(slot: PieceSlot) -> Piece:
