@@ -49,6 +49,8 @@ from snapshotkit.storage import open_storage_plugin
 logger = logging.getLogger("snapshotkit.take")
 
 _pending: weakref.WeakSet[TakeJob] = weakref.WeakSet()
+#: Background takes that failed and whose error no ``wait()`` raised yet (logged at exit).
+_unseen_failures: set[TakeJob] = set()
 
 
 class TakeJob:
@@ -78,6 +80,8 @@ class TakeJob:
         self.nbytes = nbytes
         self.step = step
         self.referenced_bytes = 0
+        #: Written by a background writer (``async_take``): a failure is also logged as a warning.
+        self.background = False
         self.started_s = time.perf_counter() if started_s is None else started_s
         self._done = threading.Event()
         self._error: BaseException | None = None
@@ -100,6 +104,7 @@ class TakeJob:
                 "call wait() again, or check done()"
             )
         if self._error is not None:
+            _unseen_failures.discard(self)
             raise self._error
         return self._metadata
 
@@ -115,6 +120,8 @@ class TakeJob:
             seconds = time.perf_counter() - self.started_s
             if error is not None:
                 emit("take_failed", path=self.path, rank=self.rank, seconds=seconds, error=error, step=self.step)
+                if self.background:  # reported at interpreter exit unless wait() raises it first
+                    _unseen_failures.add(self)
             else:
                 where = f"rank {self.rank} of {self.world_size}"
                 if self.referenced_bytes:
@@ -296,6 +303,7 @@ def run_prepared(
     except BaseException as exc:  # before anything was handed to _finish: the job still reports how it ended
         job._finish(exc)
         raise
+    job.background = not isinstance(writer, InlineWriter)
     del prepared  # the staged copies are all a background writer needs: let the caller's tensors go
     if isinstance(writer, InlineWriter):
         steps = ("take: writing the data objects", "take: committing the manifest")
@@ -433,9 +441,13 @@ def _wait_for_pending() -> None:
 
 
 def _wait_for_pending_at_exit() -> None:
-    """At interpreter exit, finish what is pending (or let it fail): never leave a half take."""
+    """At interpreter exit, finish what is pending (or let it fail): never leave a half take; and say
+    which background takes failed without anyone seeing it (nothing was committed for them)."""
     _wait_for_pending()
     shutdown_writers()
+    for job in list(_unseen_failures):
+        logger.warning("async_take of %s failed, nothing was committed: %s", job.path, job._error)
+    _unseen_failures.clear()
 
 
 # Interpreter exit first runs threading's exit hooks, newest first: concurrent.futures' hook

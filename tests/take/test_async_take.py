@@ -345,3 +345,35 @@ def test_gpu_tensors_are_staged_through_pinned_buffers(tmp_path: Path) -> None: 
     state["x"].zero_()
     pending.wait()
     assert torch.equal(Snapshot(str(tmp_path / "snap")).read_object("s/x"), torch.arange(1_000_000.0))
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_background_failure_nobody_waited_for_is_reported_at_exit(tmp_path: Path, executor: str) -> None:
+    # Before: an async_take that failed after its caller stopped looking (the interpreter exiting)
+    # lost the snapshot without a word.
+    path = tmp_path / "snap"
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        import _foreign_storage
+        _foreign_storage.register()
+        from snapshotkit import Snapshot, StateDict
+        from snapshotkit.errors import StorageError
+        options = {{"fail": "data-write", "error": "OSError"}}
+        seen = Snapshot.async_take("foreign://{path}/seen", {{"s": StateDict(t=torch.ones(1000))}},
+                                   storage_options=options, executor={executor!r})
+        try:
+            seen.wait()
+        except StorageError:
+            pass
+        Snapshot.async_take("foreign://{path}/unseen", {{"s": StateDict(t=torch.ones(1000))}},
+                            storage_options=options, executor={executor!r})
+        print("returned", flush=True)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "returned"
+    assert f"async_take of foreign://{path}/unseen failed, nothing was committed" in done.stderr
+    assert "/seen failed" not in done.stderr  # the caller saw that one: not reported again
