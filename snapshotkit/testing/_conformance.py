@@ -83,6 +83,12 @@ class StoragePluginConformance(ListingCases):
         """Return the snapshot URI (``scheme://...``) whose plugin serves ``root``."""
         raise NotImplementedError(f"{type(self).__name__} must implement uri(root)")
 
+    def incremental_uris(self, root: str) -> tuple[str, str]:
+        """Two snapshot URIs in one folder, cleaned up with ``root``: a base and an incremental
+        snapshot that references it. Default: ``<uri(root)>/base`` and ``<uri(root)>/incremental``;
+        override it where a snapshot root cannot hold others (a database file)."""
+        return f"{self.uri(root)}/base", f"{self.uri(root)}/incremental"
+
     def ground_truth_write(self, root: str, location: str, data: bytes) -> None:
         """Store ``data`` as ``location`` below ``root`` without using the plugin."""
         raise NotImplementedError(f"{type(self).__name__} must implement ground_truth_write(root, location, data)")
@@ -439,3 +445,22 @@ class StoragePluginConformance(ListingCases):
 
         # The snapshot went through the plugin's root: its manifest is an object there.
         assert self.ground_truth_read(root, METADATA_FILENAME) is not None
+
+    def test_incremental_snapshot_beside_its_base(self, root: str) -> None:
+        torch = pytest.importorskip("torch")
+        from snapshotkit import Snapshot, StateDict
+
+        base_uri, uri = self.incremental_uris(root)
+        frozen = torch.randn(256, 256, generator=torch.Generator().manual_seed(1))  # 256 KiB: referenced
+        state = StateDict(frozen=frozen.clone(), step=1, small=torch.zeros(8))
+        Snapshot.take(base_uri, {"state": state})
+        state["step"], state["small"] = 2, torch.ones(8)
+        snapshot = Snapshot.take(uri, {"state": state}, base=base_uri)
+
+        (piece,) = snapshot.metadata.manifest["0/state/frozen"].pieces
+        assert piece.base is not None and list(snapshot.metadata.bases) == [piece.base]
+        target = StateDict(frozen=torch.zeros(256, 256), step=0, small=torch.zeros(8))
+        Snapshot(uri).restore({"state": target})
+        assert torch.equal(target["frozen"], frozen) and target["step"] == 2
+        assert torch.equal(target["small"], torch.ones(8))
+        assert torch.equal(Snapshot(uri).read_object("state/frozen"), frozen)

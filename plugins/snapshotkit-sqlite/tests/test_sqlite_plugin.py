@@ -56,6 +56,9 @@ class TestSQLitePlugin(StoragePluginConformance):
     def uri(self, root: str) -> str:
         return f"sqlite://{root}"  # root is absolute: sqlite:///tmp/...
 
+    def incremental_uris(self, root: str) -> tuple[str, str]:
+        return self.uri(root), self.uri(root.removesuffix(".sqlite") + "-incremental.sqlite")  # beside it
+
     def ground_truth_write(self, root: str, location: str, data: bytes) -> None:
         _db_write(root, location, data)
 
