@@ -169,7 +169,7 @@ class Piece:
                 key, f"checksum {checksum!r} is not '<algorithm>:<hex>' with algorithm in {CHECKSUM_ALGORITHMS}"
             )
         digest = raw.get("hash")
-        if digest is not None and (type(digest) is not str or _HASH_TEXT.fullmatch(digest) is None):
+        if "hash" in raw and (type(digest) is not str or _HASH_TEXT.fullmatch(digest) is None):
             raise _fail(key, f"hash {digest!r} is not '{HASH_ALGORITHM}:' and 32 lowercase hex digits")
         if "base" in raw and base is None:
             raise _fail(key, "a piece's base must be a string '../<name>'")

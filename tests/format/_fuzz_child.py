@@ -1,11 +1,14 @@
 """The manifest fuzzer, run as a child process with a capped address space (see test_fuzz_manifest.py).
 
 Usage: ``python _fuzz_child.py <workdir> <examples> <seed>``. Takes a small snapshot in
-``workdir``, then lets hypothesis damage its manifest in three ways:
+``workdir`` and an incremental one with ``base=`` it (format 4: snapshot ids, content hashes, a
+``bases`` header and references), then lets hypothesis damage the incremental one's manifest in
+three ways:
 
 - ``bytes``: changed, inserted or deleted bytes, the integrity line left as it was;
 - ``structure``: a member anywhere in the document replaced (hostile values: huge, negative
-  and odd integers, dtype names, strings, containers, nothing), then resealed so the
+  and odd integers, dtype names, hash, id and base-location look-alikes, strings, containers,
+  nothing), then resealed so the
   integrity check passes and the semantic checks are what is tested;
 - ``sizes``: a tensor entry's shape and byte ranges set to crafted sizes (half of the time
   consistent with each other, so only the data objects' real sizes can refute them), resealed.
@@ -50,12 +53,29 @@ INTEGERS = st.one_of(
 DTYPE_NAMES = st.sampled_from(
     ["float32", "int64", "quint4x2", "quint2x4", "qint8", "bits8", "uint3", "float128", "", "../x", "bool"]
 )
+#: Texts close to the version-4 members: content hashes, snapshot ids and base locations.
+VERSION_4_TEXTS = st.sampled_from(
+    [
+        "xxh3-128:" + "0" * 32,
+        "xxh3-128:" + "F" * 32,
+        "xxh3-64:" + "0" * 16,
+        "0123456789abcdef0123456789abcdef",
+        "0123456789abcdef",
+        "../base",
+        "../snap",
+        "../../base",
+        "../",
+        "/base",
+        "base",
+    ]
+)
 SCALARS = st.one_of(
     st.none(),
     st.booleans(),
     INTEGERS,
     st.floats(allow_nan=False, allow_infinity=False),
     DTYPE_NAMES,
+    VERSION_4_TEXTS,
     st.text(max_size=8),
 )
 VALUES = st.recursive(
@@ -99,9 +119,18 @@ def _replace(document: dict[str, Any], trail: tuple[Any, ...], value: Any, delet
 class Fuzzer:
     def __init__(self, workdir: Path) -> None:
         self.snapshot = workdir / "snap"
-        Snapshot.take(str(self.snapshot), make_app_state())
+        base = workdir / "base"
+        os.environ["SNAPSHOTKIT_MIN_REFERENCE_BYTES"] = "1"  # the tiny tensors are referenced too
+        Snapshot.take(str(base), make_app_state())
+        app_state = make_app_state()
+        app_state["extras"]["w"] += 1  # written again; the model is referenced
+        Snapshot.take(str(self.snapshot), app_state, base=str(base))
+        del os.environ["SNAPSHOTKIT_MIN_REFERENCE_BYTES"]
         self.original = (self.snapshot / MANIFEST).read_bytes()
         self.document = decode_document(self.original)
+        assert self.document["bases"] == {"../base": decode_document((base / MANIFEST).read_bytes())["snapshot_id"]}
+        referenced = [p for e in self.document["manifest"].values() for p in e.get("pieces", []) if "base" in p]
+        assert referenced, "the incremental take referenced nothing"
         self.logical_paths = sorted({key.partition("/")[2] for key in self.document["manifest"]})
         self.expected = self._read_everything()
         self.outcomes: collections.Counter[str] = collections.Counter()

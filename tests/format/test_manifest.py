@@ -49,6 +49,9 @@ def test_fast_json_lines_equal_the_generic_encoding() -> None:
         if isinstance(entry, TensorEntry):
             assert json.loads(entry.to_json_line()) == entry.to_json()
     assert json.loads(PIECE.to_json_line()) == PIECE.to_json()
+    referenced = Piece("data/x", (0, 8), "crc32c:0000abcd", "xxh3-128:" + "0f" * 16, "../step_\u00e9")
+    assert json.loads(referenced.to_json_line()) == referenced.to_json()
+    assert list(referenced.to_json()) == ["location", "byte_range", "checksum", "hash", "base"]
 
 
 def test_metadata_round_trips_through_text() -> None:
