@@ -50,7 +50,7 @@ def take_chain(run: str, storage_options: dict[str, Any] | None = None) -> dict[
 
 def empty_like(state: dict[str, Any]) -> dict[str, Any]:
     """An app state to restore ``state``'s keys into (every value replaced)."""
-    return {name: StateDict({key: None for key in value}) for name, value in state.items()}
+    return {name: StateDict(dict.fromkeys(value)) for name, value in state.items()}
 
 
 def assert_same(actual: Any, expected: Any, where: str = "") -> None:
