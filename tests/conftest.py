@@ -15,7 +15,7 @@ import pytest
 from snapshotkit.testing import FakeGCSServer, SeaweedS3Server, ServerUnavailable
 
 # The helpers shared by test modules assert too: rewrite them like the tests, for readable failures.
-pytest.register_assert_rewrite("_snapshots", "_benchmarks")
+pytest.register_assert_rewrite("_snapshots", "_benchmarks", "_chain")
 
 
 @pytest.fixture

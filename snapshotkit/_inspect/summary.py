@@ -1,4 +1,5 @@
-"""What a snapshot holds, from its manifest alone: leaves by logical path, a tree of them, totals by dtype.
+"""What a snapshot holds, from its manifest alone: leaves by logical path, a tree of them, totals by
+dtype, and (incremental snapshots) which bytes are stored in it and which are referenced in its bases.
 
 Per-rank state is merged by logical path (its bytes summed over the ranks that hold it, its
 dtype and shape those of the lowest rank), so a snapshot of any world size reads as one tree.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from snapshotkit._format.bases import resolve_base
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import (
     DictEntry,
@@ -21,6 +23,7 @@ from snapshotkit._format.entries import (
     TupleEntry,
     join_path,
 )
+from snapshotkit._format.pieces import pieces_of
 
 
 def entry_kind(entry: Entry) -> str:
@@ -221,3 +224,53 @@ def dtype_totals(metadata: SnapshotMetadata) -> list[DtypeTotal]:
         totals[name] = (count + 1, nbytes + entry_nbytes(entry))
     ordered = sorted(totals.items(), key=lambda item: (-item[1][1], item[0]))
     return [DtypeTotal(name, count, nbytes) for name, (count, nbytes) in ordered]
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseUse:
+    """A base an incremental snapshot references: its base location (``"../step_100"``), the path
+    it resolves to, the snapshot id the reference was made against, and what is read from it."""
+
+    location: str
+    path: str
+    snapshot_id: str
+    nbytes: int
+    pieces: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageSplit:
+    """Where a snapshot's bytes are: ``stored_bytes`` in its own data objects, ``referenced_bytes``
+    in its ``bases`` (each distinct piece counted once, however many entries hold it)."""
+
+    stored_bytes: int
+    referenced_bytes: int
+    bases: tuple[BaseUse, ...]
+
+    @property
+    def self_contained(self) -> bool:
+        """Whether every byte is in the snapshot itself (no base is referenced)."""
+        return not self.bases
+
+
+def storage_split(metadata: SnapshotMetadata, path: str) -> StorageSplit:
+    """The :class:`StorageSplit` of the snapshot at ``path``; bases in the manifest's order."""
+    seen: set[tuple[str, tuple[int, int], str]] = set()
+    stored = 0
+    referenced: dict[str, tuple[int, int]] = dict.fromkeys(metadata.bases, (0, 0))
+    for entry in metadata.manifest.values():
+        for piece in pieces_of(entry):
+            key = (piece.address, piece.byte_range, piece.checksum)
+            if key in seen:
+                continue
+            seen.add(key)
+            if piece.base is None:
+                stored += piece.nbytes
+            else:
+                nbytes, count = referenced.get(piece.base, (0, 0))
+                referenced[piece.base] = (nbytes + piece.nbytes, count + 1)
+    bases = tuple(
+        BaseUse(base, resolve_base(path, base), metadata.bases.get(base, ""), nbytes, count)
+        for base, (nbytes, count) in referenced.items()
+    )
+    return StorageSplit(stored, sum(use.nbytes for use in bases), bases)

@@ -9,6 +9,7 @@
     snapshotkit cleanup ckpt                             # remove takes that never committed
     snapshotkit export ckpt/step_1000 model.safetensors --to safetensors --select 'model/**' --strip-prefix model/
     snapshotkit import model.safetensors ckpt/imported   # torch.save, safetensors, DCP, torchsnapshot in
+    snapshotkit consolidate ckpt/step_1200 ckpt/full_1200  # an incremental snapshot, self-contained
 
 Every command takes ``--json`` (one JSON document on stdout, schemas in docs/cli.md),
 ``--storage-option KEY=VALUE`` and ``--debug``. Exit status: 0 success, 1 a difference or
@@ -21,6 +22,7 @@ from __future__ import annotations
 import click
 
 from snapshotkit._version import __version__
+from snapshotkit.cli._consolidate import consolidate
 from snapshotkit.cli._convert import export, import_
 from snapshotkit.cli._diff import diff
 from snapshotkit.cli._info import info
@@ -42,5 +44,5 @@ def main() -> None:
     """
 
 
-for _command in (ls, info, show, verify, diff, prune, cleanup, export, import_):
+for _command in (ls, info, show, verify, diff, prune, cleanup, export, import_, consolidate):
     main.add_command(_command)

@@ -1,4 +1,5 @@
-"""``snapshotkit info SNAPSHOT``: the header, totals by dtype and a tree of logical paths (manifest only)."""
+"""``snapshotkit info SNAPSHOT``: the header, where the bytes are (the snapshot itself, or its bases
+for an incremental one), totals by dtype and a tree of logical paths (manifest only)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,27 @@ from rich.text import Text
 from rich.tree import Tree
 
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._inspect.summary import DtypeTotal, Leaf, TreeNode, containers, dtype_totals, leaves, tree
-from snapshotkit.cli._common import EXIT_OK, Common, command_options, compact_json, console, emit_json, format_bytes
+from snapshotkit._inspect.summary import (
+    DtypeTotal,
+    Leaf,
+    StorageSplit,
+    TreeNode,
+    containers,
+    dtype_totals,
+    leaves,
+    storage_split,
+    tree,
+)
+from snapshotkit.cli._common import (
+    EXIT_OK,
+    Common,
+    command_options,
+    compact_json,
+    console,
+    emit_json,
+    format_bytes,
+    plural,
+)
 from snapshotkit.snapshot import Snapshot
 
 SCHEMA = "snapshotkit.info/1"
@@ -30,20 +50,23 @@ SCHEMA = "snapshotkit.info/1"
 def info(snapshot: str, depth: int, *, common: Common) -> int:
     """Describe SNAPSHOT from its manifest, reading no data.
 
-    The header (format and versions, when it was taken, world size, user metadata), stored
-    tensors by dtype (count and bytes), and the tree of logical paths down to --depth with each
-    leaf's dtype, shape, bytes and sharding: replicated (stored once for every rank), per-rank
-    (each rank its own) or sharded (a DTensor/ShardedTensor, with its shard count).
+    The header (format and versions, snapshot id, when it was taken, world size, user metadata),
+    where its bytes are (self-contained, or for an incremental snapshot: bytes stored in it and
+    bytes referenced in each base, with the base's path and snapshot id), stored tensors by dtype
+    (count and bytes), and the tree of logical paths down to --depth with each leaf's dtype, shape,
+    bytes and sharding: replicated (stored once for every rank), per-rank (each rank its own) or
+    sharded (a DTensor/ShardedTensor, with its shard count).
     """
     handle = Snapshot(snapshot, storage_options=common.storage_options)
     metadata = handle.metadata
     found = leaves(metadata)
     nodes = tree(found, containers(metadata), depth)
     totals = dtype_totals(metadata)
+    split = storage_split(metadata, handle.path)
     if common.json:
-        emit_json(to_json(handle.path, metadata, found, totals, nodes, depth))
+        emit_json(to_json(handle.path, metadata, found, totals, nodes, depth, split))
     else:
-        _print(handle.path, metadata, found, totals, nodes)
+        _print(handle.path, metadata, found, totals, nodes, split)
     return EXIT_OK
 
 
@@ -67,6 +90,7 @@ def to_json(
     totals: list[DtypeTotal],
     nodes: list[TreeNode],
     depth: int,
+    split: StorageSplit,
 ) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
@@ -77,6 +101,22 @@ def to_json(
         "created_at": metadata.created_at,
         "world_size": metadata.world_size,
         "user_metadata": metadata.user_metadata,
+        "snapshot_id": metadata.snapshot_id,
+        "storage": {
+            "self_contained": split.self_contained,
+            "stored_bytes": split.stored_bytes,
+            "referenced_bytes": split.referenced_bytes,
+            "bases": [
+                {
+                    "location": use.location,
+                    "path": use.path,
+                    "snapshot_id": use.snapshot_id,
+                    "bytes": use.nbytes,
+                    "pieces": use.pieces,
+                }
+                for use in split.bases
+            ],
+        },
         "totals": {
             "leaves": len(found),
             "bytes": sum(leaf.nbytes for leaf in found),
@@ -131,8 +171,31 @@ def _label(node: TreeNode, world_size: int) -> Text:
     return text
 
 
+def _storage_rows(split: StorageSplit) -> list[tuple[str, Text]]:
+    if split.self_contained:
+        return [("storage", Text(f"self-contained, {format_bytes(split.stored_bytes)} stored"))]
+    rows = [
+        (
+            "storage",
+            Text(
+                f"incremental: {format_bytes(split.stored_bytes)} stored here, "
+                f"{format_bytes(split.referenced_bytes)} referenced in {plural(len(split.bases), 'base')}"
+            ),
+        )
+    ]
+    for use in split.bases:
+        text = f"{use.location} = {use.path}  id {use.snapshot_id}  {format_bytes(use.nbytes)} referenced"
+        rows.append(("base", Text(f"{text} ({plural(use.pieces, 'piece')})")))
+    return rows
+
+
 def _print(
-    path: str, metadata: SnapshotMetadata, found: list[Leaf], totals: list[DtypeTotal], nodes: list[TreeNode]
+    path: str,
+    metadata: SnapshotMetadata,
+    found: list[Leaf],
+    totals: list[DtypeTotal],
+    nodes: list[TreeNode],
+    split: StorageSplit,
 ) -> None:
     out = console()
     header = Table.grid(padding=(0, 2))
@@ -140,13 +203,16 @@ def _print(
     header.add_column()
     header.add_row("snapshot", Text(path))
     header.add_row("format", f"version {metadata.format_version}")
+    header.add_row("snapshot id", metadata.snapshot_id or "- (format version 3 and older have none)")
     header.add_row("written by", f"snapshotkit {metadata.snapshotkit_version}, torch {metadata.torch_version}")
     header.add_row("created", metadata.created_at)
     header.add_row("world size", str(metadata.world_size))
     header.add_row(
         "user metadata", Text(compact_json(metadata.user_metadata, limit=200) if metadata.user_metadata else "-")
     )
-    header.add_row("leaves", f"{len(found)} ({format_bytes(sum(leaf.nbytes for leaf in found))} stored)")
+    header.add_row("leaves", f"{len(found)} ({format_bytes(sum(leaf.nbytes for leaf in found))} of values)")
+    for name, text in _storage_rows(split):
+        header.add_row(name, text)
     out.print(header)
     if totals:
         table = Table(title="stored values by dtype", title_justify="left")

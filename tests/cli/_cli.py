@@ -68,6 +68,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "created_at": str,
         "world_size": int,
         "user_metadata": dict,
+        "snapshot_id": (str, type(None)),
+        "storage": dict,
         "totals": dict,
         "depth": int,
         "nodes": list,
@@ -101,6 +103,17 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "tensors_written": int,
         "bytes_written": int,
         "skipped": list,
+    },
+    "snapshotkit.consolidate/1": {
+        "schema": str,
+        "source": str,
+        "snapshot": str,
+        "snapshot_id": str,
+        "bytes": int,
+        "referenced_bytes": int,
+        "bases": list,
+        "data_objects": int,
+        "seconds": float,
     },
     "snapshotkit.import/1": {
         "schema": str,
@@ -140,6 +153,8 @@ INFO_NODE_KEYS = {
     "shards",
     "type",
 }
+INFO_STORAGE_KEYS = {"self_contained", "stored_bytes", "referenced_bytes", "bases"}
+INFO_BASE_KEYS = {"location", "path", "snapshot_id", "bytes", "pieces"}
 PROBLEM_KEYS = {"logical_path", "location", "kind", "message"}
 CHANGE_KEYS = {"logical_path", "what", "a", "b", "max_abs_diff", "mismatched"}
 
