@@ -449,6 +449,7 @@ class StoragePluginConformance(ListingCases):
     def test_incremental_snapshot_beside_its_base(self, root: str) -> None:
         torch = pytest.importorskip("torch")
         from snapshotkit import Snapshot, StateDict
+        from snapshotkit._format.pieces import pieces_of
 
         base_uri, uri = self.incremental_uris(root)
         frozen = torch.randn(256, 256, generator=torch.Generator().manual_seed(1))  # 256 KiB: referenced
@@ -457,10 +458,12 @@ class StoragePluginConformance(ListingCases):
         state["step"], state["small"] = 2, torch.ones(8)
         snapshot = Snapshot.take(uri, {"state": state}, base=base_uri)
 
-        (piece,) = snapshot.metadata.manifest["0/state/frozen"].pieces
-        assert piece.base is not None and list(snapshot.metadata.bases) == [piece.base]
+        (piece,) = pieces_of(snapshot.metadata.manifest["0/state/frozen"])
+        assert piece.base is not None
+        assert list(snapshot.metadata.bases) == [piece.base]
         target = StateDict(frozen=torch.zeros(256, 256), step=0, small=torch.zeros(8))
         Snapshot(uri).restore({"state": target})
-        assert torch.equal(target["frozen"], frozen) and target["step"] == 2
+        assert torch.equal(target["frozen"], frozen)
+        assert target["step"] == 2
         assert torch.equal(target["small"], torch.ones(8))
         assert torch.equal(Snapshot(uri).read_object("state/frozen"), frozen)
