@@ -199,6 +199,10 @@ async def gather_or_cancel(awaitables: Iterable[Awaitable[Any]]) -> list[Any]:
     tasks = [asyncio.ensure_future(a) for a in awaitables]
     try:
         return await asyncio.gather(*tasks)
+    except GeneratorExit:  # closed without its loop (collected): nothing can be awaited any more
+        for task in tasks:
+            task.cancel()
+        raise
     except BaseException:
         for task in tasks:
             task.cancel()

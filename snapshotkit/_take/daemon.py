@@ -12,7 +12,8 @@ shared_memory_name, nbytes, slots, io_concurrency, reuse)`` for each staged data
 ``("release", name)``, ``("stop",)``. For each write it checksums the staged bytes in the
 shared-memory segment, writes them with the storage plugin for ``path`` (at most
 ``io_concurrency`` writes at once) and answers ``("done", job, pieces)`` (the final piece of each
-slot, in order: :func:`~snapshotkit._take.reuse.settle`) or
+slot, in order: :func:`~snapshotkit._take.reuse.decide`, then
+:meth:`~snapshotkit._take.reuse.Layout.finish` beside the write) or
 ``("error", job, exception, text)``. It exits when told to or when the trainer goes away.
 """
 
@@ -29,7 +30,7 @@ from typing import Any
 
 from snapshotkit._dist import portable
 from snapshotkit._runtime.frames import drop_frames
-from snapshotkit._take.reuse import ReuseIndex, settle
+from snapshotkit._take.reuse import ReuseIndex, decide
 from snapshotkit._take.writers import plugin_key
 from snapshotkit.storage import StoragePlugin, open_storage_plugin, register_storage_plugin
 
@@ -92,11 +93,14 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
             view = segment.buf[:nbytes]
             views = [view[offset : offset + size] for offset, size in pieces]
             try:
-                settled = await loop.run_in_executor(None, settle, location, views, reuse)
-                if settled.buffers:
-                    await plugin.write(location, settled.buffers)
-                written = settled.pieces
-                del settled  # its buffers are views of the segment: gone before the views are released
+                layout = await loop.run_in_executor(None, decide, location, views, reuse)
+                finishing = loop.run_in_executor(None, layout.finish)  # checksums and hashes beside the write
+                try:
+                    if layout.buffers:
+                        await plugin.write(location, layout.buffers)
+                finally:
+                    written = await finishing  # the thread reads the segment: never release it before
+                del layout  # its buffers are views of the segment: gone before the views are released
             finally:
                 for piece_view in views:
                     piece_view.release()

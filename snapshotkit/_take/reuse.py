@@ -8,9 +8,11 @@ Pieces smaller than ``Config.min_reference_bytes`` are always written.
 
 References never chain: a base piece that is itself a reference is reused by pointing at the
 snapshot that holds the bytes, so reading an incremental snapshot opens its bases, never their
-bases. :func:`settle` runs where the bytes are checksummed (a writer thread, or the checkpoint
-daemon), then the data object holds only the pieces it keeps, packed again in order; a data
-object whose pieces are all reused is not written at all.
+bases. Where the bytes are checksummed (a writer thread, or the checkpoint daemon),
+:func:`decide` first picks the pieces a base holds (only pieces whose CRC-32C and length match a
+base piece are hashed before the write), the data object then holds only the pieces it keeps,
+packed again in order, and :meth:`Layout.finish` checksums and hashes those *while* they are
+written. A data object whose pieces are all reused is not written at all.
 """
 
 from __future__ import annotations
@@ -37,12 +39,20 @@ class ReuseIndex:
         bases: base location -> that base's snapshot id, for every base a reference may name.
         min_bytes: pieces shorter than this are written even when a base holds them.
         base_path: the base the take was given (for messages).
+        candidates: ``(checksum, length)`` of every piece in ``by_hash``: a staged piece is
+            hashed before the write only if it matches one.
     """
 
     by_hash: Mapping[str, Piece]
     bases: Mapping[str, str]
     min_bytes: int
     base_path: str = ""
+    candidates: frozenset[tuple[str, int]] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.candidates and self.by_hash:
+            found = frozenset((piece.checksum, piece.nbytes) for piece in self.by_hash.values())
+            object.__setattr__(self, "candidates", found)
 
     def lookup(self, digest: str, nbytes: int, checksum: str) -> Piece | None:
         """The reference for a piece of ``nbytes`` bytes with this hash and CRC, if a base holds it."""
@@ -87,6 +97,78 @@ def build_reuse_index(path: str, base_path: str, base: SnapshotMetadata, min_byt
 
 
 @dataclasses.dataclass(frozen=True)
+class Layout:
+    """A staged data object after the reuse decision, before the hashes of what it writes.
+
+    Attributes:
+        location: the data object.
+        views: every slot's staged bytes, in slot order.
+        references: per slot, the base's piece it reuses, or None (written here).
+        offsets: per slot, where it is written in the data object (-1 for a reference).
+        checksums: per slot, its CRC-32C text when the decision needed it, else None.
+        buffers: what to write to the data object, back to back (empty: write nothing).
+        written_bytes: the bytes of the pieces written (padding excluded).
+    """
+
+    location: str
+    views: tuple[memoryview, ...]
+    references: tuple[Piece | None, ...]
+    offsets: tuple[int, ...]
+    checksums: tuple[str | None, ...]
+    buffers: tuple[memoryview, ...]
+    written_bytes: int
+
+    def finish(self) -> tuple[Piece, ...]:
+        """Every slot's final piece: the references, and the written pieces checksummed and hashed.
+
+        Runs beside the write of :attr:`buffers` (the bytes do not change while both run), so a
+        full take pays for checksums and hashes only where the write would leave a core idle.
+        """
+        pieces: list[Piece] = []
+        for view, found, offset, checksum in zip(
+            self.views, self.references, self.offsets, self.checksums, strict=True
+        ):
+            if found is not None:
+                pieces.append(found)
+                continue
+            text = checksum if checksum is not None else format_checksum(crc32c(view))
+            pieces.append(Piece(self.location, (offset, offset + view.nbytes), text, content_hash(view)))
+        return tuple(pieces)
+
+
+def decide(location: str, views: Sequence[memoryview], reuse: ReuseIndex | None) -> Layout:
+    """Which staged pieces (``views``, in slot order, of data object ``location``) a base holds, and
+    where the others go: packed in order at aligned offsets.
+
+    Only a piece whose CRC-32C and length equal a reusable base piece's is hashed here (to confirm
+    the match); without a base nothing is read at all. :meth:`Layout.finish` does the rest.
+    """
+    references: list[Piece | None] = []
+    offsets: list[int] = []
+    checksums: list[str | None] = []
+    buffers: list[memoryview] = []
+    offset = written = 0
+    for view in views:
+        nbytes, found, checksum = view.nbytes, None, None
+        if reuse is not None and nbytes >= reuse.min_bytes:
+            checksum = format_checksum(crc32c(view))
+            if (checksum, nbytes) in reuse.candidates:
+                found = reuse.lookup(content_hash(view), nbytes, checksum)
+        references.append(found)
+        checksums.append(checksum)
+        if found is not None:
+            offsets.append(-1)
+            continue
+        start = -(-offset // ALIGNMENT_BYTES) * ALIGNMENT_BYTES
+        if start > offset:
+            buffers.append(_PADDING[: start - offset])
+        buffers.append(view)
+        offsets.append(start)
+        offset, written = start + nbytes, written + nbytes
+    return Layout(location, tuple(views), tuple(references), tuple(offsets), tuple(checksums), tuple(buffers), written)
+
+
+@dataclasses.dataclass(frozen=True)
 class Settled:
     """A staged data object after :func:`settle`.
 
@@ -102,25 +184,10 @@ class Settled:
 
 
 def settle(location: str, views: Sequence[memoryview], reuse: ReuseIndex | None) -> Settled:
-    """Checksum and hash each staged piece (``views``, in slot order, of data object ``location``),
-    replace those a base holds by references, and pack the rest at aligned offsets."""
-    pieces: list[Piece] = []
-    buffers: list[memoryview] = []
-    offset = written = 0
-    for view in views:
-        checksum, digest = format_checksum(crc32c(view)), content_hash(view)
-        nbytes = view.nbytes
-        found = reuse.lookup(digest, nbytes, checksum) if reuse is not None else None
-        if found is not None:
-            pieces.append(found)
-            continue
-        start = -(-offset // ALIGNMENT_BYTES) * ALIGNMENT_BYTES
-        if start > offset:
-            buffers.append(_PADDING[: start - offset])
-        buffers.append(view)
-        pieces.append(Piece(location, (start, start + nbytes), checksum, digest))
-        offset, written = start + nbytes, written + nbytes
-    return Settled(tuple(pieces), tuple(buffers), written)
+    """:func:`decide` and :meth:`Layout.finish` one after the other (for callers that do not
+    overlap the hashing with the write)."""
+    layout = decide(location, views, reuse)
+    return Settled(layout.finish(), layout.buffers, layout.written_bytes)
 
 
 def referenced_bases(pieces: Sequence[Piece], bases: Mapping[str, str]) -> dict[str, str]:

@@ -3,8 +3,9 @@
 The take engine (:mod:`snapshotkit._take.engine`) stages each planned data object with its
 writer and submits it; the writer returns a :class:`WriteJob` whose future gives the final
 :class:`~snapshotkit._format.pieces.Piece` of every slot: checksummed and hashed, written, or a
-reference to a base snapshot's piece (:func:`~snapshotkit._take.reuse.settle`, which every writer
-runs before it writes). Three writers implement the one small :class:`Writer` protocol:
+reference to a base snapshot's piece (every writer runs :func:`~snapshotkit._take.reuse.decide`
+before it writes and :meth:`~snapshotkit._take.reuse.Layout.finish` while it writes). Three
+writers implement the one small :class:`Writer` protocol:
 
 * :class:`InlineWriter` (``Snapshot.take``): zero-copy staging (views of the tensors' own
   memory), writes on snapshotkit's I/O loop while the caller waits;
@@ -30,8 +31,8 @@ from snapshotkit._format.pieces import Piece
 from snapshotkit._format.serialization import byte_view
 from snapshotkit._plan.layout import DataObjectPlan
 from snapshotkit._plan.leaves import Payload
-from snapshotkit._runtime.loop import background_loop, get_loop, spawn, to_thread
-from snapshotkit._take.reuse import ReuseIndex, Settled, settle
+from snapshotkit._runtime.loop import background_loop, gather_or_cancel, get_loop, spawn, to_thread
+from snapshotkit._take.reuse import Layout, ReuseIndex, decide
 from snapshotkit._take.stage import StagedObject, ViewStager, stage_into, staging_cost_bytes
 from snapshotkit.errors import ConfigError
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
@@ -128,10 +129,13 @@ class _LoopWriter:
 
         async def write() -> tuple[Piece, ...]:
             async with io_slots:
-                settled: Settled = await to_thread(settle, staged.plan.location, staged.pieces, target.reuse)
-                if settled.buffers:
-                    await plugin.write(staged.plan.location, settled.buffers)
-            return settled.pieces
+                layout: Layout = await to_thread(decide, staged.plan.location, staged.pieces, target.reuse)
+                finishing = to_thread(layout.finish)  # checksums and hashes beside the write
+                if not layout.buffers:
+                    pieces: tuple[Piece, ...] = await finishing
+                    return pieces
+                pieces, _ = await gather_or_cancel([finishing, plugin.write(staged.plan.location, layout.buffers)])
+            return pieces
 
         return spawn(write(), self.loop)
 
