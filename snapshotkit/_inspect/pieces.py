@@ -34,12 +34,14 @@ def entry_pieces(entry: Entry) -> tuple[Piece, ...]:
 
 def stored_pieces(metadata: SnapshotMetadata) -> list[StoredPiece]:
     """Every distinct piece of the snapshot, ordered by data object and offset."""
-    holders: dict[tuple[str, tuple[int, int], str], list[str]] = {}
+    # The piece is kept as the manifest has it (its base included): a reader checks a referenced
+    # base's snapshot id before reading from it only when it knows the piece is a reference.
+    holders: dict[tuple[str, tuple[int, int], str], tuple[Piece, list[str]]] = {}
     for key, entry in metadata.manifest.items():
         for piece in entry_pieces(entry):
-            holders.setdefault((piece.address, piece.byte_range, piece.checksum), []).append(key)
+            holders.setdefault((piece.address, piece.byte_range, piece.checksum), (piece, []))[1].append(key)
     ordered = sorted(holders.items(), key=lambda item: (item[0][0], item[0][1]))
-    return [StoredPiece(Piece(location, span, checksum), tuple(keys)) for (location, span, checksum), keys in ordered]
+    return [StoredPiece(piece, tuple(keys)) for _, (piece, keys) in ordered]
 
 
 def data_object_bytes(metadata: SnapshotMetadata) -> dict[str, int]:

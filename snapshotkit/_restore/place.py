@@ -62,8 +62,10 @@ class LeafLoader:
         self.claims: list[Claim] = []
         self._fresh_bytes = 0
         self._allocations: list[Callable[[], None]] = []
-        # Keys start with where the entry's first piece lives: entries that share it share all
-        # their pieces (tied weights), since a take never overlaps the pieces of two payloads.
+        # Keys hold where every piece of the entry lives: entries with the same pieces are one
+        # payload (tied weights). Not the first piece alone: an incremental take references a
+        # base piece for every payload piece with its bytes, so two payloads that begin with the
+        # same bytes share their first piece and nothing else.
         self._fresh: dict[tuple[Any, ...], _Slot] = {}
         self._in_place: set[tuple[Any, ...]] = set()
 
@@ -143,7 +145,7 @@ class LeafLoader:
                 f"{logical_path!r}: pieces hold {entry.nbytes} bytes but dtype {entry.dtype} shape "
                 f"{list(entry.shape)} needs {entry.numel * itemsize}"
             )
-        first = (entry.pieces[0].address, entry.pieces[0].byte_range) if entry.pieces else None
+        first = tuple((piece.address, piece.byte_range) for piece in entry.pieces) or None
         if in_place:
             target: torch.Tensor = destination.detach()
             key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
@@ -269,11 +271,16 @@ def _new_tensor(logical_path: str, shape: tuple[int, ...], dtype: torch.dtype) -
 
 
 def _union_bytes(pieces: Iterable[Piece]) -> int:
-    """Bytes covered by the union of the pieces' ranges, per data object."""
+    """Bytes covered by the union of the pieces' ranges, per data object; a reference to a base's
+    piece counts each time it is used (an incremental take references one base piece for every
+    piece of its bytes, so equal pieces of a new snapshot legitimately share it)."""
     by_location: dict[str, list[tuple[int, int]]] = {}
-    for piece in pieces:
-        by_location.setdefault(piece.address, []).append(piece.byte_range)
     total = 0
+    for piece in pieces:
+        if piece.base is not None:
+            total += piece.nbytes
+        else:
+            by_location.setdefault(piece.address, []).append(piece.byte_range)
     for ranges in by_location.values():
         covered_to = 0
         for start, end in sorted(ranges):
