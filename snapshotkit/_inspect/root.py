@@ -44,6 +44,8 @@ class StepSummary:
         metrics: the metrics a manager saved with it; None if no manager wrote it.
         reason: why the manager saved it (``"interval"``, ``"preemption"``, ``"manual"``), or None.
         error: why a damaged manifest could not be read.
+        bases: the base locations (``"../step_10"``) an incremental snapshot reads reused pieces
+            from, sorted; ``()`` for a full snapshot; None unless complete.
     """
 
     step: int
@@ -55,6 +57,7 @@ class StepSummary:
     metrics: dict[str, float | None] | None = None
     reason: str | None = None
     error: str | None = None
+    bases: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,4 +121,5 @@ async def _read_step(plugin: StoragePlugin, root: str, step: int) -> StepSummary
         user_metadata=user,
         metrics=dict(record.metrics) if record is not None else None,
         reason=reason,
+        bases=tuple(sorted(metadata.bases)),
     )
