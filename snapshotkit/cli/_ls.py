@@ -103,7 +103,7 @@ def _print(summary: RootSummary) -> None:
     table.add_column("status", no_wrap=True)
     table.add_column("created (UTC)", no_wrap=True)
     table.add_column("size", justify="right", no_wrap=True)
-    table.add_column("base", min_width=6)
+    table.add_column("base", min_width=4)
     table.add_column("metrics (reason)", min_width=12)
     table.add_column("user metadata", overflow="fold", min_width=12)
     for step in summary.steps:

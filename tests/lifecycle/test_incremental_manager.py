@@ -200,9 +200,9 @@ def test_restore_latest_skips_a_snapshot_whose_base_is_gone(tmp_path: Path) -> N
     with pytest.raises(BaseSnapshotError):
         Snapshot(str(tmp_path / "step_4")).restore(make_state(seed=5))
     fresh = make_state(seed=5)
-    with SnapshotManager(str(tmp_path), preemption_signals=()) as mgr:
-        with pytest.warns(RuntimeWarning, match=r"skipping the snapshot of step 4 .*BaseSnapshotError"):
-            assert mgr.restore_latest(fresh) == 2
+    warned = pytest.warns(RuntimeWarning, match=r"skipping the snapshot of step 4 .*BaseSnapshotError")
+    with SnapshotManager(str(tmp_path), preemption_signals=()) as mgr, warned:
+        assert mgr.restore_latest(fresh) == 2
     assert all(torch.equal(fresh["model"].state_dict()[k], saved[2][k]) for k in saved[2])
 
 
@@ -225,6 +225,8 @@ def test_ls_and_prune_show_and_keep_the_bases(tmp_path: Path) -> None:
     assert (by_step[10]["kind"], by_step[10]["bases"]) == ("full", [])
     assert by_step[30]["kind"] == "incremental"
     assert by_step[30]["bases"] == [{"location": "../step_10", "step": 10}]
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "step_30").rglob("*") if p.is_file())
+    assert by_step[30]["size_bytes"] == on_disk < by_step[10]["size_bytes"] - FROZEN_BYTES // 2
 
     dry = runner.invoke(main, ["prune", str(tmp_path), "--keep-last", "1", "--dry-run", "--json"])
     assert [s["step"] for s in json.loads(dry.stdout)["deleted"]] == [20]
