@@ -140,7 +140,8 @@ class RootJanitor:
     def chain_head(self) -> tuple[int, int] | None:
         """The newest committed step, if it can be a base, and the saves made since its last full
         one (0 without a manager's record saying otherwise); None when there is none, or its
-        manifest is gone, fails its checks or predates snapshot ids (format version 4)."""
+        manifest is gone, fails its checks or predates snapshot ids (format version 4), or one of
+        its own bases is gone or replaced (a take against it would reference that base too)."""
         committed = self.listing().committed
         if not committed:
             return None
@@ -148,6 +149,16 @@ class RootJanitor:
         metadata = self._run(functools.partial(read_metadata, step=newest), "reading a manifest")
         if metadata is None or metadata.snapshot_id is None:
             return None
+        for location, base_id in metadata.bases.items():
+            found = base_steps(self.root, self.path(newest), [location], step_of)
+            if not found:
+                return None  # a base outside the root's steps: not the manager's to vouch for
+            base = self._run(functools.partial(read_metadata, step=min(found)), "reading a manifest")
+            if base is None or base.snapshot_id != base_id:
+                _log.warning(
+                    "%s reads from %s, which is gone or replaced: the next save is full", self.path(newest), location
+                )
+                return None
         ours = manager_record(newest, metadata.user_metadata) is not None
         return newest, since_full(metadata.user_metadata.get(MANAGER_KEY)) if ours else 0
 

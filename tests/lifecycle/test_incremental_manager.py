@@ -278,3 +278,20 @@ def test_incremental_manager_on_s3(seaweed_s3_endpoint: str) -> None:
         keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
         if keys:
             client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys]})
+
+
+def test_a_newest_snapshot_whose_base_is_gone_is_not_taken_against(tmp_path: Path, caplog: Any) -> None:
+    state = make_state()
+    with SnapshotManager(str(tmp_path), incremental=True, preemption_signals=()) as mgr:
+        for step in (1, 2):
+            train(state, step)
+            mgr.save(step, state)
+    shutil.rmtree(tmp_path / "step_1")  # by hand: step 2 can no longer be read, nor serve as a base
+    with SnapshotManager(str(tmp_path), incremental=True, preemption_signals=()) as mgr:
+        train(state, 3)
+        mgr.save(3, state)
+        saved = expected(state)
+        bases, record = header(mgr, 3)
+    assert (bases, record["kind"], record["since_full"]) == ({}, "full", 0)
+    assert "gone or replaced: the next save is full" in caplog.text
+    assert restores_exactly(str(tmp_path / "step_3"), saved, 3, {})
