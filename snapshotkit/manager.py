@@ -28,10 +28,12 @@ from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._lifecycle import fallback
 from snapshotkit._lifecycle.catalog import MANAGER_KEY, RootListing, manager_record, step_dir
+from snapshotkit._lifecycle.chains import SavePlan, check_incremental, plan_save
 from snapshotkit._lifecycle.janitor import RootJanitor
 from snapshotkit._lifecycle.preemption import PreemptionWatcher
 from snapshotkit._lifecycle.retention import RetentionPolicy, StepRecord, best_steps
 from snapshotkit._lifecycle.values import (
+    check_interval,
     check_metadata,
     check_signals,
     check_step,
@@ -78,10 +80,17 @@ class SnapshotManager:
             previous Python handler is chained; ``()`` installs nothing (and, with many ranks,
             skips the per-step agreement :meth:`should_save` otherwise makes).
         cleanup_incomplete: remove incomplete snapshots when the manager opens the root.
+        incremental: take each save against the newest committed snapshot under the root
+            (``Snapshot.take(..., base=...)``: pieces whose bytes it already holds are referenced,
+            not written again).
+        full_every: with ``incremental``, every this many saves is a full snapshot (the first
+            save is; then ``full_every - 1`` incremental ones), so chains stay short. The count
+            continues from the newest snapshot's record when a manager reopens the root.
 
     With neither ``keep_last`` nor ``keep_best``, nothing is ever deleted. The newest snapshot is
     always kept. Only snapshots a manager wrote are deleted: anything else under the root (a
-    snapshot taken by hand, a foreign checkpoint, a file) is never touched.
+    snapshot taken by hand, a foreign checkpoint, a file) is never touched. A snapshot that a kept
+    ``step_<n>`` snapshot reads from (its manifest's ``bases``) is kept as long as that one is.
 
     Raises:
         InvalidArgumentError, ConfigError: an argument is of the wrong type or out of range.
@@ -102,18 +111,13 @@ class SnapshotManager:
         storage_options: dict[str, Any] | None = None,
         preemption_signals: Sequence[int] = _DEFAULT_SIGNALS,
         cleanup_incomplete: bool = True,
+        incremental: bool = False,
+        full_every: int = 10,
     ) -> None:
         self.root = snapshot_path(root).rstrip("/")
+        self.incremental, self.full_every = check_incremental(incremental, full_every)
         self.policy = RetentionPolicy(keep_last, keep_every, keep_best, best_metric, best_mode)  # type: ignore[arg-type]
-        if save_interval_steps is not None:
-            if isinstance(save_interval_steps, bool) or not isinstance(save_interval_steps, int):
-                raise InvalidArgumentError(
-                    f"save_interval_steps must be an int or None, got {type(save_interval_steps).__name__} "
-                    f"{save_interval_steps!r}"
-                )
-            if save_interval_steps < 1:
-                raise ConfigError(f"save_interval_steps must be at least 1, got {save_interval_steps}")
-        self.save_interval_steps = save_interval_steps
+        self.save_interval_steps = check_interval(save_interval_steps)
         signals = check_signals(preemption_signals)
         if not isinstance(cleanup_incomplete, bool):
             raise InvalidArgumentError(f"cleanup_incomplete must be True or False, got {cleanup_incomplete!r}")
@@ -267,7 +271,7 @@ class SnapshotManager:
             metadata: more JSON-serializable user metadata for the snapshot.
             async_take: use :meth:`Snapshot.async_take` and return once the state is staged.
             take_kwargs: passed on (``replicated``, ``memory_budget_bytes``, ``include``,
-                ``exclude``, ``executor``...).
+                ``exclude``, ``executor``...; ``base`` only when the manager is not incremental).
 
         Returns:
             The committed :class:`Snapshot`, or the :class:`PendingSnapshot` with ``async_take``.
@@ -284,7 +288,7 @@ class SnapshotManager:
             step = check_step(step)
             clean = clean_metrics(metrics)
             user_metadata = check_metadata(metadata)
-            check_take_keywords(take_kwargs)
+            check_take_keywords(take_kwargs, incremental=self.incremental)
             if not isinstance(async_take, bool):
                 raise ConfigError(f"async_take must be True or False, got {async_take!r}")
         except Exception as exc:
@@ -300,6 +304,11 @@ class SnapshotManager:
         preemption = self._preemption_agreed and not self._preemption_saved
         reason = "preemption" if preemption else "interval" if self._on_interval(step) else "manual"
         user_metadata[MANAGER_KEY] = {"step": step, "metrics": clean, "reason": reason}
+        if self.incremental:
+            plan = self._plan_save()
+            user_metadata[MANAGER_KEY].update(plan.record_members())
+            if plan.base_step is not None:
+                take_kwargs = {**take_kwargs, "base": self.snapshot_path(plan.base_step)}
         path = self.snapshot_path(step)
         common: dict[str, Any] = {"pg": self.pg, "storage_options": self._options, "metadata": user_metadata}
         with _events.step_scope(step):
@@ -466,6 +475,20 @@ class SnapshotManager:
                 self._retention_error = exc
 
     # ------------------------------------------------------------------ helpers
+
+    def _plan_save(self) -> SavePlan:
+        """Rank 0 finds the newest committed snapshot (the previous save has committed by now);
+        every rank takes against the same one."""
+        head: tuple[int, int] | None = None
+        error: BaseException | None = None
+        if self._group.rank == 0:
+            try:
+                head = self._janitor.chain_head()
+            except Exception as exc:
+                error = exc
+        head = self._group.exchange(head, error, "SnapshotManager.save: finding the base snapshot")[0]
+        newest, since_full = head if head is not None else (None, 0)
+        return plan_save(newest, since_full, self.full_every)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -39,11 +39,14 @@ class StepSummary:
             manifest: a take that never committed, or a deletion cut short) or ``"damaged"``
             (the manifest fails its integrity check or is malformed; see ``error``).
         created_at: when the take committed (ISO 8601, UTC); None unless complete.
-        size_bytes: the manifest and data objects; None unless complete.
+        size_bytes: the manifest and data objects (its own: not what an incremental snapshot reads
+            from its bases); None unless complete.
         user_metadata: the take's ``metadata=`` without the manager's record; None unless complete.
         metrics: the metrics a manager saved with it; None if no manager wrote it.
         reason: why the manager saved it (``"interval"``, ``"preemption"``, ``"manual"``), or None.
         error: why a damaged manifest could not be read.
+        bases: the base locations (``"../step_10"``) an incremental snapshot reads reused pieces
+            from, sorted; ``()`` for a full snapshot; None unless complete.
     """
 
     step: int
@@ -55,6 +58,7 @@ class StepSummary:
     metrics: dict[str, float | None] | None = None
     reason: str | None = None
     error: str | None = None
+    bases: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +118,14 @@ async def _read_step(plugin: StoragePlugin, root: str, step: int) -> StepSummary
         path=path,
         status="complete",
         created_at=metadata.created_at,
-        size_bytes=len(text) + sum(data_object_bytes(metadata).values()),
+        size_bytes=len(text) + sum(_own_object_bytes(metadata).values()),
         user_metadata=user,
         metrics=dict(record.metrics) if record is not None else None,
         reason=reason,
+        bases=tuple(sorted(metadata.bases)),
     )
+
+
+def _own_object_bytes(metadata: SnapshotMetadata) -> dict[str, int]:
+    """The sizes of the data objects the snapshot itself holds (a reused piece's object is in its base)."""
+    return {address: n for address, n in data_object_bytes(metadata).items() if not address.startswith("../")}

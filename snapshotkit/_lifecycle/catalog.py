@@ -35,6 +35,12 @@ def step_dir(step: int) -> str:
     return f"step_{step}"
 
 
+def step_of(name: str) -> int | None:
+    """The step of the directory ``name`` below the root (``"step_10"`` -> 10); None for any other name."""
+    match = _STEP_DIR.fullmatch(name)
+    return int(match.group(1)) if match is not None else None
+
+
 @dataclasses.dataclass(frozen=True)
 class StepObjects:
     """The objects below one ``step_<n>`` directory of the root.
@@ -132,10 +138,9 @@ def manager_record(step: int, user_metadata: Mapping[str, Any]) -> StepRecord | 
     return StepRecord(step, clean)
 
 
-async def read_record(plugin: StoragePlugin, step: int) -> StepRecord | None:
-    """The manager record of ``step``'s committed snapshot, read now; None if a manager did not
-    write it, or its manifest is gone or fails its checks (then it is never the manager's to
-    delete). A storage failure is raised: "unknown" must not pass for "not ours"."""
+async def read_metadata(plugin: StoragePlugin, step: int) -> SnapshotMetadata | None:
+    """The manifest of ``step``'s committed snapshot, read and verified now; None if it is gone
+    or fails its checks. A storage failure is raised: "unknown" must not pass for "gone"."""
     try:
         document = await plugin.read(f"{step_dir(step)}/{METADATA_FILENAME}")
     except FileNotFoundError as exc:
@@ -143,10 +148,17 @@ async def read_record(plugin: StoragePlugin, step: int) -> StepRecord | None:
             raise
         return None
     try:
-        metadata = SnapshotMetadata.from_text(bytes(document))
+        return SnapshotMetadata.from_text(bytes(document))
     except ManifestError:
         return None
-    return manager_record(step, metadata.user_metadata)
+
+
+async def read_record(plugin: StoragePlugin, step: int) -> StepRecord | None:
+    """The manager record of ``step``'s committed snapshot, read now; None if a manager did not
+    write it, or its manifest is gone or fails its checks (then it is never the manager's to
+    delete). A storage failure is raised."""
+    metadata = await read_metadata(plugin, step)
+    return manager_record(step, metadata.user_metadata) if metadata is not None else None
 
 
 async def delete_snapshot(plugin: StoragePlugin, objects: StepObjects) -> None:

@@ -1,5 +1,9 @@
 """Rank 0's housekeeping of a manager's root: listing it, removing incomplete snapshots, retention.
 
+Retention never breaks a snapshot it keeps: the policy picks the kept steps, then every step a
+kept snapshot (or one the manager never deletes: not its own) lists in its ``bases`` is kept too,
+and what is deleted goes referencing snapshots first (:mod:`snapshotkit._lifecycle.chains`).
+
 Every storage call opens a plugin for the root, runs, and closes it; a failure becomes a
 :class:`~snapshotkit.errors.StorageError` naming the root. Each deletion is logged at INFO and
 emitted as an event (``snapshot_deleted`` or ``incomplete_removed``).
@@ -16,14 +20,19 @@ from typing import Any, TypeVar
 
 from snapshotkit import _events
 from snapshotkit._lifecycle.catalog import (
+    MANAGER_KEY,
     RootListing,
     StepObjects,
     delete_snapshot,
     empty_step_dirs,
     list_root,
+    manager_record,
+    read_metadata,
     read_record,
     step_dir,
+    step_of,
 )
+from snapshotkit._lifecycle.chains import base_steps, deletion_order, since_full, with_bases
 from snapshotkit._lifecycle.retention import RetentionPolicy, StepRecord, kept_steps
 from snapshotkit._runtime.loop import run_sync
 from snapshotkit.errors import SnapshotkitError, StorageError
@@ -47,6 +56,8 @@ class RootJanitor:
         # committed step -> the manager's record in it (None: not the manager's); cached once
         # read or once committed by this manager, dropped when deleted
         self._records: dict[int, StepRecord | None] = {}
+        # committed step -> the steps of this root its manifest lists as bases; cached once read
+        self._bases: dict[int, frozenset[int]] = {}
 
     def path(self, step: int) -> str:
         return f"{self.root}/{step_dir(step)}"
@@ -91,8 +102,13 @@ class RootJanitor:
         with self._lock:
             listing = self.listing()
             records = self.load_records(listing.committed)
+            bases_of = {step: self._bases.get(step, frozenset()) for step in listing.committed}
             kept = kept_steps([r for r in records.values() if r is not None], policy)
-            doomed = [step for step, record in records.items() if record is not None and step not in kept]
+            # IMPORTANT: what is never deleted (kept, or not the manager's) keeps what it reads from
+            never_deleted = kept | {step for step, record in records.items() if record is None}
+            protected = with_bases(never_deleted, bases_of)
+            doomed = [step for step, record in records.items() if record is not None and step not in protected]
+            doomed = deletion_order(doomed, bases_of)
             if dry_run:
                 return doomed
             deleted = []
@@ -101,14 +117,50 @@ class RootJanitor:
                     self._delete(listing.steps[step], "snapshot_deleted")
                     deleted.append(step)
                 self._records.pop(step, None)
+                self._bases.pop(step, None)
             return deleted
 
     def load_records(self, steps: Sequence[int]) -> dict[int, StepRecord | None]:
-        """The manager records of ``steps`` (each manifest read once, then cached)."""
+        """The manager records of ``steps`` (each manifest read once, then cached with its bases)."""
         with self._lock:
-            for step in [s for s in steps if s not in self._records]:
-                self._records[step] = self._run(functools.partial(read_record, step=step), "reading a manifest")
+            for step in [s for s in steps if s not in self._records or s not in self._bases]:
+                metadata = self._run(functools.partial(read_metadata, step=step), "reading a manifest")
+                if step not in self._records:
+                    self._records[step] = manager_record(step, metadata.user_metadata) if metadata else None
+                bases = metadata.bases if metadata is not None else {}
+                self._bases[step] = base_steps(self.root, self.path(step), bases, step_of)
             return {s: self._records.get(s) for s in steps}
+
+    def bases_of(self, step: int) -> frozenset[int]:
+        """The steps of this root that ``step``'s snapshot reads from (its manifest read if not yet)."""
+        self.load_records([step])
+        with self._lock:
+            return self._bases.get(step, frozenset())
+
+    def chain_head(self) -> tuple[int, int] | None:
+        """The newest committed step, if it can be a base, and the saves made since its last full
+        one (0 without a manager's record saying otherwise); None when there is none, or its
+        manifest is gone, fails its checks or predates snapshot ids (format version 4), or one of
+        its own bases is gone or replaced (a take against it would reference that base too)."""
+        committed = self.listing().committed
+        if not committed:
+            return None
+        newest = committed[-1]
+        metadata = self._run(functools.partial(read_metadata, step=newest), "reading a manifest")
+        if metadata is None or metadata.snapshot_id is None:
+            return None
+        for location, base_id in metadata.bases.items():
+            found = base_steps(self.root, self.path(newest), [location], step_of)
+            if not found:
+                return None  # a base outside the root's steps: not the manager's to vouch for
+            base = self._run(functools.partial(read_metadata, step=min(found)), "reading a manifest")
+            if base is None or base.snapshot_id != base_id:
+                _log.warning(
+                    "%s reads from %s, which is gone or replaced: the next save is full", self.path(newest), location
+                )
+                return None
+        ours = manager_record(newest, metadata.user_metadata) is not None
+        return newest, since_full(metadata.user_metadata.get(MANAGER_KEY)) if ours else 0
 
     def _delete(self, objects: StepObjects, kind: _events.EventKind) -> None:
         started = time.perf_counter()

@@ -90,8 +90,27 @@ def check_signals(signals: object) -> tuple[int, ...]:
     return tuple(int(s) for s in dict.fromkeys(signals))
 
 
-def check_take_keywords(take_kwargs: Mapping[str, Any]) -> None:
-    """Refuse ``save()`` keywords the manager sets itself."""
+def check_interval(save_interval_steps: object) -> int | None:
+    """``save_interval_steps``: None or an int >= 1."""
+    if save_interval_steps is None:
+        return None
+    if isinstance(save_interval_steps, bool) or not isinstance(save_interval_steps, int):
+        raise InvalidArgumentError(
+            f"save_interval_steps must be an int or None, got {type(save_interval_steps).__name__} "
+            f"{save_interval_steps!r}"
+        )
+    if save_interval_steps < 1:
+        raise ConfigError(f"save_interval_steps must be at least 1, got {save_interval_steps}")
+    return save_interval_steps
+
+
+def check_take_keywords(take_kwargs: Mapping[str, Any], *, incremental: bool = False) -> None:
+    """Refuse ``save()`` keywords the manager sets itself (``base`` too when it is incremental)."""
+    if incremental and "base" in take_kwargs:
+        raise InvalidArgumentError(
+            "save() of an incremental SnapshotManager chooses base= itself (the newest snapshot); drop base=, "
+            "or use SnapshotManager(..., incremental=False) to pass your own"
+        )
     for name in _MANAGED_KEYWORDS:
         if name in take_kwargs:
             raise InvalidArgumentError(

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from snapshotkit._config import snapshot_path
 from snapshotkit._inspect.root import RootSummary, StepSummary, summarize_root
+from snapshotkit._lifecycle.catalog import step_of
 from snapshotkit.cli._common import EXIT_ERROR, EXIT_OK, Common, command_options, compact_json, console, emit_json
 from snapshotkit.cli._common import format_bytes as human
 
@@ -25,8 +26,8 @@ def ls(root: str, *, common: Common) -> int:
 
     For each: step, status (complete, incomplete: a take that never committed, or damaged: the
     manifest fails its check), when it was taken, its size (manifest and data objects; unknown
-    when incomplete), the metrics and reason a SnapshotManager saved with it, and the user
-    metadata.
+    when incomplete), the metrics and reason a SnapshotManager saved with it, whether it is full
+    or incremental and the snapshots it reads from (its bases), and the user metadata.
     """
     root = snapshot_path(root).rstrip("/")
     local = local_path(root)
@@ -60,7 +61,27 @@ def step_json(step: StepSummary) -> dict[str, Any]:
         "reason": step.reason,
         "user_metadata": step.user_metadata,
         "error": step.error,
+        "kind": None if step.bases is None else "incremental" if step.bases else "full",
+        "bases": None if step.bases is None else [_base_json(location) for location in step.bases],
     }
+
+
+def _base_step(location: str) -> int | None:
+    """The step of a base location ``"../step_<n>"`` (a sibling step snapshot), else None."""
+    return step_of(location.removeprefix("../"))
+
+
+def _base_json(location: str) -> dict[str, Any]:
+    return {"location": location, "step": _base_step(location)}
+
+
+def _base_text(step: StepSummary) -> str:
+    if step.bases is None:
+        return "-"
+    if not step.bases:
+        return "full"
+    named = [f"step {n}" if (n := _base_step(location)) is not None else location for location in step.bases]
+    return ", ".join(named)
 
 
 def to_json(summary: RootSummary) -> dict[str, Any]:
@@ -82,6 +103,7 @@ def _print(summary: RootSummary) -> None:
     table.add_column("status", no_wrap=True)
     table.add_column("created (UTC)", no_wrap=True)
     table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("base", min_width=4)
     table.add_column("metrics (reason)", min_width=12)
     table.add_column("user metadata", overflow="fold", min_width=12)
     for step in summary.steps:
@@ -91,7 +113,15 @@ def _print(summary: RootSummary) -> None:
         status = Text(step.status, style="green" if step.status == "complete" else "yellow")
         created = (step.created_at or "-").replace("+00:00", "").replace("T", " ")
         metadata = compact_json(step.user_metadata) if step.user_metadata else step.error or "-"
-        table.add_row(str(step.step), status, created, human(step.size_bytes), Text(metrics or "-"), Text(metadata))
+        table.add_row(
+            str(step.step),
+            status,
+            created,
+            human(step.size_bytes),
+            Text(_base_text(step)),
+            Text(metrics or "-"),
+            Text(metadata),
+        )
     out.print(table)
     complete = [s for s in summary.steps if s.status == "complete"]
     total = sum(s.size_bytes or 0 for s in complete)

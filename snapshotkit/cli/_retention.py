@@ -49,7 +49,8 @@ def prune(
     """Delete the snapshots under ROOT that SnapshotManager's retention would not keep.
 
     The policy is the manager's: keep the newest --keep-last, every step that is a multiple of
-    --keep-every, the --keep-best best by --best-metric, and always the newest. Only snapshots a
+    --keep-every, the --keep-best best by --best-metric, and always the newest; and every snapshot
+    that a kept one reads from (the base of an incremental snapshot). Only snapshots a
     SnapshotManager wrote are ever deleted (not ones taken by hand, nor anything else under ROOT).
     Incomplete snapshots are left to `snapshotkit cleanup`.
     """

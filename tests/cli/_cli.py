@@ -137,6 +137,8 @@ LS_SNAPSHOT_KEYS = {
     "reason",
     "user_metadata",
     "error",
+    "kind",
+    "bases",
 }
 INFO_NODE_KEYS = {
     "path",

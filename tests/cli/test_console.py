@@ -54,6 +54,7 @@ def test_ls(root: Path) -> None:
     assert first["size_bytes"] == on_disk and first["path"] == f"{root}/step_100"
     assert (first["metrics"], first["reason"], first["user_metadata"]) == ({"loss": 0.01}, "manual", {"lr": 0.1})
     assert snapshots[3]["size_bytes"] is None and snapshots[3]["created_at"] is None
+    assert (first["kind"], first["bases"]) == ("full", []) and snapshots[3]["kind"] is None
 
 
 def test_info_and_show_json(root: Path) -> None:
