@@ -60,8 +60,9 @@ class PreparedTake:
     reuse: ReuseIndex | None = None
 
 
-#: Loads an incremental take's base: its path and decoded manifest.
-LoadBase = Callable[[], tuple[str, SnapshotMetadata]]
+#: Loads an incremental take's base: its path, decoded manifest, and the locations of its own
+#: bases that are still intact (references to the others are not copied).
+LoadBase = Callable[[], tuple[str, SnapshotMetadata, frozenset[str]]]
 
 
 def prepare_take(
@@ -101,8 +102,8 @@ def prepare_take(
         if group.rank == 0:
             run_sync(_refuse_existing(_open(open_plugin, path), path))
         if load_base is not None:
-            base_path, base = load_base()
-            reuse = build_reuse_index(path, base_path, base, config.min_reference_bytes)
+            base_path, base, intact = load_base()
+            reuse = build_reuse_index(path, base_path, base, config.min_reference_bytes, intact)
             if base.snapshot_id is None and group.rank == 0:
                 warnings.warn(
                     f"the base {base_path!r} has format version {base.format_version}, without content hashes: "

@@ -18,7 +18,7 @@ written. A data object whose pieces are all reused is not written at all.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from snapshotkit._format.bases import base_location_for, resolve_base
 from snapshotkit._format.checksum import content_hash, crc32c, format_checksum
@@ -64,11 +64,15 @@ class ReuseIndex:
         return found
 
 
-def build_reuse_index(path: str, base_path: str, base: SnapshotMetadata, min_bytes: int) -> ReuseIndex:
+def build_reuse_index(
+    path: str, base_path: str, base: SnapshotMetadata, min_bytes: int, intact: Collection[str] | None = None
+) -> ReuseIndex:
     """What a take to ``path`` may reuse of the snapshot ``base`` at ``base_path``.
 
     The base's own pieces become references to it; its references stay references to the
-    snapshots that hold the bytes, when those lie in the folder that holds ``path`` too.
+    snapshots that hold the bytes, when those lie in the folder that holds ``path`` too and are
+    among ``intact`` (the base's bases that still have the referenced ids; default: all). A
+    reference to a base that is gone or replaced is never copied: those bytes are written.
 
     Raises:
         ConfigError: the base is not a snapshot in the folder that holds ``path``, or is ``path``.
@@ -79,6 +83,9 @@ def build_reuse_index(path: str, base_path: str, base: SnapshotMetadata, min_byt
     holders: dict[str | None, str | None] = {None: own}
     bases: dict[str, str] = {}
     for location, base_id in base.bases.items():
+        if intact is not None and location not in intact:
+            holders[location] = None
+            continue
         try:
             holder = base_location_for(path, resolve_base(base_path, location))
         except (ConfigError, ValueError):

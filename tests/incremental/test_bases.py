@@ -213,3 +213,32 @@ def test_crafted_base_with_the_snapshots_own_id(pair: tuple[Path, Path, dict[str
     write_manifest_json(b, document)
     with pytest.raises(ManifestError, match="own id"):
         _ = Snapshot(str(b)).metadata
+
+
+def test_a_take_never_copies_a_reference_to_a_base_that_is_gone(
+    pair: tuple[Path, Path, dict[str, Any]],
+) -> None:
+    # Before: taking against b after a was deleted copied b's references to a into c, which
+    # committed a snapshot that could never be read.
+    a, b, expected = pair
+    shutil.rmtree(a)
+    state = {"s": StateDict(**copy.deepcopy(expected))}
+    c = a.parent / "c"
+    Snapshot.take(str(c), state, base=str(b))
+    assert referenced(str(c), "s/big") == [None, None, None, "../b"]  # a's bytes written again, b's referenced
+    assert list(Snapshot(str(c)).metadata.bases) == ["../b"]
+    target = make_state()
+    Snapshot(str(c)).restore(target)
+    assert_bit_exact(dict(target["s"]), expected)
+
+
+def test_a_take_never_copies_a_reference_to_a_replaced_base(pair: tuple[Path, Path, dict[str, Any]]) -> None:
+    a, b, expected = pair
+    shutil.rmtree(a)
+    Snapshot.take(str(a), make_state())  # the same bytes under the same name, another snapshot id
+    c = a.parent / "c"
+    Snapshot.take(str(c), {"s": StateDict(**copy.deepcopy(expected))}, base=str(b))
+    assert "../a" not in Snapshot(str(c)).metadata.bases
+    target = make_state()
+    Snapshot(str(c)).restore(target)
+    assert_bit_exact(dict(target["s"]), expected)
