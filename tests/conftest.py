@@ -7,6 +7,7 @@ skips with the reason only when the server's package is missing; CI installs the
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
@@ -60,3 +61,15 @@ def fake_gcs_endpoint() -> Iterator[str]:
             yield server.url
     except ServerUnavailable as exc:
         pytest.skip(f"GCS tests need fake-gcs-server: {exc}")
+
+
+@pytest.fixture(autouse=True)
+def _restore_snapshotkit_logging() -> Iterator[None]:
+    """Commands run in-process (click's runner, anywhere in the suite) add a handler to the
+    ``snapshotkit`` logger, set its level and stop propagation: put it back after every test."""
+    logger = logging.getLogger("snapshotkit")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate

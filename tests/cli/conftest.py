@@ -1,10 +1,8 @@
-"""The command line's tests share one manager root per module, and leave logging as they found it."""
+"""The command line's tests share one manager root per module (tests/conftest.py puts logging back)."""
 
 from __future__ import annotations
 
-import logging
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +23,3 @@ def root(pristine_root: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "run"
     shutil.copytree(pristine_root, copy)
     return copy
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """In-process commands add a handler to the ``snapshotkit`` logger and set its level."""
-    logger = logging.getLogger("snapshotkit")
-    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
-    yield
-    logger.handlers[:] = handlers
-    logger.setLevel(level)
-    logger.propagate = propagate
