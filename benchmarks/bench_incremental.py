@@ -181,16 +181,19 @@ def local_take(path: Path, model: Model, base: Path | None) -> R.Record:
 @contextmanager
 def constant_content_hash() -> Iterator[None]:
     """MEASUREMENT DEVICE, never for real snapshots: the content hash is a constant, so a take
-    skips the xxh3 pass. Patched where :func:`snapshotkit._take.reuse.settle` looks it up, in this
-    process only (the synchronous take's writer runs settle on this process's threads)."""
+    skips the xxh3 work and computes only the CRC-32C. Patched where
+    :meth:`snapshotkit._take.reuse.Layout.finish` looks both functions up, in this process only
+    (the synchronous take's writer runs it on this process's threads)."""
     import snapshotkit._take.reuse as reuse
 
-    real = reuse.content_hash
-    reuse.content_hash = lambda data: "xxh3-128:" + "0" * 32
+    constant = "xxh3-128:" + "0" * 32
+    real = reuse.content_hash, reuse.checksum_and_hash
+    reuse.content_hash = lambda data: constant
+    reuse.checksum_and_hash = lambda data: (reuse.crc32c(data), constant)
     try:
         yield
     finally:
-        reuse.content_hash = real
+        reuse.content_hash, reuse.checksum_and_hash = real
 
 
 def rotations(names: Sequence[str], rep: int) -> list[str]:

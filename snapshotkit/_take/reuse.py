@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from snapshotkit._format.bases import base_location_for, resolve_base
-from snapshotkit._format.checksum import content_hash, crc32c, format_checksum
+from snapshotkit._format.checksum import checksum_and_hash, content_hash, crc32c, format_checksum
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.pieces import Piece, pieces_of
 from snapshotkit._plan.layout import ALIGNMENT_BYTES
@@ -138,8 +138,12 @@ class Layout:
             if found is not None:
                 pieces.append(found)
                 continue
-            text = checksum if checksum is not None else format_checksum(crc32c(view))
-            pieces.append(Piece(self.location, (offset, offset + view.nbytes), text, content_hash(view)))
+            if checksum is None:  # one pass over the bytes for both
+                value, digest = checksum_and_hash(view)
+                checksum = format_checksum(value)
+            else:
+                digest = content_hash(view)
+            pieces.append(Piece(self.location, (offset, offset + view.nbytes), checksum, digest))
         return tuple(pieces)
 
 
