@@ -18,13 +18,14 @@ from snapshotkit._format.serialization import (
     is_zero_copy_source,
     tensor_from_bytes,
 )
-from snapshotkit._format.sharded import Box, box_slice, destination_boxes, overlap, piece_boxes
+from snapshotkit._format.sharded import Box, box_slice, destination_boxes, is_sharded, overlap, piece_boxes
 from snapshotkit._restore.fetch import Claim, PieceRead
 from snapshotkit.errors import ManifestError, RestoreMemoryError, StateMismatchError
 
 
 def tensor_matches(entry: TensorEntry, value: object) -> bool:
-    """Whether ``value`` can receive ``entry`` in place (a tensor of the same dtype and shape)."""
+    """Whether ``value`` can receive ``entry`` in place (a tensor of the same dtype and shape; a
+    ``DTensor``/``ShardedTensor`` is filled shard by shard, see :meth:`LeafLoader.add`)."""
     return (
         isinstance(value, torch.Tensor)
         and not value.is_quantized
@@ -82,6 +83,8 @@ class LeafLoader:
             self._add_blob(logical_path, entry.piece, lambda obj: setattr(slot, "value", obj))
             return lambda: slot.value
         if isinstance(entry, TensorEntry):
+            if is_sharded(destination):
+                return self._add_tensor_into_shards(logical_path, entry, destination)
             return self._add_tensor(logical_path, entry, destination)
         if isinstance(entry, ShardedTensorEntry):
             return self._add_sharded(logical_path, entry, destination)
@@ -169,6 +172,27 @@ class LeafLoader:
         self._allocations.append(allocate)
         return lambda: slot.value
 
+    def _add_tensor_into_shards(self, logical_path: str, entry: TensorEntry, destination: Any) -> Callable[[], Any]:
+        """A plain stored tensor into a ``DTensor``/``ShardedTensor`` of its shape: read it whole
+        into a new tensor, then copy each local box of the destination from it."""
+        if tuple(destination.shape) != entry.shape or str(destination.dtype).removeprefix("torch.") != entry.dtype:
+            raise StateMismatchError(
+                f"cannot restore {logical_path!r} into the sharded destination: the snapshot has dtype "
+                f"{entry.dtype} shape {list(entry.shape)}, the destination {str(destination.dtype)[6:]} "
+                f"shape {list(destination.shape)}"
+            )
+        whole = self._add_tensor(logical_path, entry, None)
+        boxes = destination_boxes(destination) or []
+        origin = (0,) * len(entry.shape)
+
+        def fill() -> Any:
+            value = whole()
+            for box, local in boxes:
+                box_slice(local.detach(), box.offsets, box).copy_(box_slice(value, origin, box))
+            return destination
+
+        return fill
+
     def _add_sharded(self, logical_path: str, entry: ShardedTensorEntry, destination: Any) -> Callable[[], Any]:
         """Fill each destination box from the stored pieces that overlap it (resharding).
 
@@ -241,7 +265,9 @@ class LeafLoader:
                 self.reads.append(PieceRead(piece, logical_path, consume=consume))
 
     def _add_raw_reads(self, logical_path: str, entry: TensorEntry, target: torch.Tensor, itemsize: int) -> None:
-        direct = byte_view(target) if is_zero_copy_source(target) and target.numel() else None
+        # Only a tensor's own memory is read into directly: a subclass may wrap other storage.
+        plain = type(target) is torch.Tensor or type(target) is torch.nn.Parameter
+        direct = byte_view(target) if plain and is_zero_copy_source(target) and target.numel() else None
         offset = 0
         for piece in entry.pieces:
             if direct is not None:
