@@ -130,16 +130,30 @@ def _plugin(commit: CommitPlan) -> StoragePlugin:
     return open_storage_plugin(commit.path, dict(commit.storage_options))
 
 
-async def _write_manifest(plugin: StoragePlugin, document: bytes, path: str) -> None:
+async def write_manifest(plugin: StoragePlugin, document: bytes, path: str, *, writer: str = "take") -> None:
+    """Commit: write the manifest ``document`` exclusively (the commit protocol's last step).
+
+    ``writer`` names what is committing in the error when another snapshot got there first
+    (``"take"``, ``"consolidate"``).
+
+    Raises:
+        SnapshotExistsError: a snapshot was committed at ``path`` meanwhile.
+        StorageError: the store failed (the plugin's error is the cause).
+    """
     try:
         await plugin.write_exclusive(METADATA_FILENAME, document)
     except FileExistsError:
         raise SnapshotExistsError(
-            f"another take committed a snapshot at {path!r} while this one was writing; "
-            "this take's data was discarded. Use a new path for every snapshot"
+            f"another snapshot was committed at {path!r} while this {writer} was writing; this {writer}'s data was "
+            "discarded. Use a new path for every snapshot"
         ) from None
     except Exception as exc:
         raise storage_error(exc, path, location=METADATA_FILENAME)  # noqa: B904 - the cause is set
+
+
+async def _write_manifest_and_close(plugin: StoragePlugin, document: bytes, path: str) -> None:
+    try:
+        await write_manifest(plugin, document, path)
     finally:
         await plugin.close()
 
@@ -187,7 +201,7 @@ def run_commit(
             manifest = merge_results(results, commit.decision, commit.layouts)
             metadata = build_metadata(manifest, commit.world_size, commit.user_metadata, commit.base_ids)
             document = metadata.to_bytes()
-            run_sync(_write_manifest(_plugin(commit), document, commit.path))
+            run_sync(_write_manifest_and_close(_plugin(commit), document, commit.path))
         except Exception as exc:
             commit_error = exc
     rendezvous.settle(commit_error, steps[1])

@@ -29,6 +29,7 @@ from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 from snapshotkit._dist import portable
+from snapshotkit._format.pieces import Piece
 from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._take.reuse import ReuseIndex, decide
 from snapshotkit._take.writers import plugin_key
@@ -66,45 +67,9 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
         semaphore = slots.get(io_concurrency)
         if semaphore is None:
             semaphore = slots[io_concurrency] = asyncio.Semaphore(io_concurrency)
-        async with semaphore:
-            await write_one(job, path, options, location, name, nbytes, pieces, reuse)
-
-    async def write_one(
-        job: int,
-        path: str,
-        options: dict[str, Any],
-        location: str,
-        name: str,
-        nbytes: int,
-        pieces: Any,
-        reuse: ReuseIndex | None,
-    ) -> None:
         try:
-            key = plugin_key(path, options)
-            plugin = plugins.get(key)
-            if plugin is None:
-                plugin = plugins[key] = open_storage_plugin(path, options)
-            segment = segments.get(name)
-            if segment is None:
-                segment = segments[name] = shared_memory.SharedMemory(name=name)
-                # The trainer owns the segment; this process must not unlink it when it exits.
-                resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-            assert segment.buf is not None
-            view = segment.buf[:nbytes]
-            views = [view[offset : offset + size] for offset, size in pieces]
-            try:
-                layout = await loop.run_in_executor(None, decide, location, views, reuse)
-                finishing = loop.run_in_executor(None, layout.finish)  # checksums and hashes beside the write
-                try:
-                    if layout.buffers:
-                        await plugin.write(location, layout.buffers)
-                finally:
-                    written = await finishing  # the thread reads the segment: never release it before
-                del layout  # its buffers are views of the segment: gone before the views are released
-            finally:
-                for piece_view in views:
-                    piece_view.release()
-                view.release()
+            async with semaphore:
+                written = await write_one(path, options, location, name, nbytes, pieces, reuse)
             reply(("done", job, written))
         except BaseException as exc:  # reported to the trainer, which raises it from wait()
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -112,6 +77,36 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
             # The frames of the failed write (the plugin's among them) hold views of the shared
             # memory segment; left to the garbage collector, they make closing it raise BufferError.
             drop_frames(exc)
+
+    async def write_one(
+        path: str, options: dict[str, Any], location: str, name: str, nbytes: int, pieces: Any, reuse: Any
+    ) -> tuple[Piece, ...]:
+        key = plugin_key(path, options)
+        plugin = plugins.get(key)
+        if plugin is None:
+            plugin = plugins[key] = open_storage_plugin(path, options)
+        segment = segments.get(name)
+        if segment is None:
+            segment = segments[name] = shared_memory.SharedMemory(name=name)
+            # The trainer owns the segment; this process must not unlink it when it exits.
+            resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+        assert segment.buf is not None
+        view = segment.buf[:nbytes]
+        views = [view[offset : offset + size] for offset, size in pieces]
+        try:
+            layout = await loop.run_in_executor(None, decide, location, views, reuse)
+            finishing = loop.run_in_executor(None, layout.finish)  # checksums and hashes beside the write
+            try:
+                if layout.buffers:
+                    await plugin.write(location, layout.buffers)
+            finally:
+                written: tuple[Piece, ...] = await finishing  # the thread reads the segment: wait for it
+            del layout  # its buffers are views of the segment: gone before the views are released
+        finally:
+            for piece_view in views:
+                piece_view.release()
+            view.release()
+        return written
 
     def receive() -> None:
         while True:

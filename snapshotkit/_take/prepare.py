@@ -100,7 +100,7 @@ def prepare_take(
         prepare = check_tensor_prepare_func(tensor_prepare_func)
         states_of = validate_app_state(app_state)
         if group.rank == 0:
-            run_sync(_refuse_existing(_open(open_plugin, path), path))
+            run_sync(_refuse_existing_and_close(_open(open_plugin, path), path))
         if load_base is not None:
             base_path, base, intact = load_base()
             reuse = build_reuse_index(path, base_path, base, config.min_reference_bytes, intact)
@@ -144,17 +144,27 @@ def _open(open_plugin: Callable[[str], StoragePlugin], path: str) -> StoragePlug
         raise storage_error(exc, path, action="opening")  # noqa: B904 - the cause is set
 
 
-async def _refuse_existing(plugin: StoragePlugin, path: str) -> None:
+async def refuse_existing(plugin: StoragePlugin, path: str, *, writer: str = "take") -> None:
+    """Raise if ``path`` (served by ``plugin``) already holds a snapshot: nothing is ever overwritten.
+
+    Raises:
+        SnapshotExistsError: there is one; the message says what to do (``writer`` names the caller).
+        StorageError: checking failed (the plugin's error is the cause).
+    """
     try:
-        try:
-            exists = await plugin.exists(METADATA_FILENAME)
-        except Exception as exc:
-            raise storage_error(exc, path, location=METADATA_FILENAME, action="checking for")  # noqa: B904
-        if exists:
-            raise SnapshotExistsError(
-                f"a snapshot already exists at {path!r}; snapshotkit never overwrites one. "
-                "Take to a new path (e.g. one per step), or delete the old snapshot first"
-            )
+        exists = await plugin.exists(METADATA_FILENAME)
+    except Exception as exc:
+        raise storage_error(exc, path, location=METADATA_FILENAME, action="checking for")  # noqa: B904
+    if exists:
+        raise SnapshotExistsError(
+            f"a snapshot already exists at {path!r}; snapshotkit never overwrites one. "
+            f"Give the {writer} a new path (e.g. one per step), or delete the old snapshot first"
+        )
+
+
+async def _refuse_existing_and_close(plugin: StoragePlugin, path: str) -> None:
+    try:
+        await refuse_existing(plugin, path)
     finally:
         await plugin.close()
 

@@ -29,7 +29,7 @@ from typing import Any
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._format.checksum import content_hash
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import METADATA_FILENAME, Entry, ObjectEntry, ShardedTensorEntry, TensorEntry
+from snapshotkit._format.entries import Entry, ObjectEntry, ShardedTensorEntry, TensorEntry
 from snapshotkit._format.pieces import Piece, pieces_of
 from snapshotkit._plan.layout import ALIGNMENT_BYTES, data_object_location
 from snapshotkit._restore.bases import open_snapshot_storage
@@ -37,8 +37,9 @@ from snapshotkit._restore.engine import load_metadata
 from snapshotkit._restore.fetch import Claim, PieceRead, check_extents, read_pieces
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import run_sync
-from snapshotkit._take.commit import build_metadata, storage_error
-from snapshotkit.errors import InvalidArgumentError, SnapshotExistsError
+from snapshotkit._take.commit import build_metadata, storage_error, write_manifest
+from snapshotkit._take.prepare import refuse_existing
+from snapshotkit.errors import InvalidArgumentError
 from snapshotkit.snapshot import Snapshot
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
@@ -158,7 +159,7 @@ async def _consolidate(
     target = _open(target_path, options)
     written: list[str] = []
     try:
-        await _refuse_existing(target, target_path)
+        await refuse_existing(target, target_path, writer="consolidate")
         source = open_snapshot_storage(source_path, options, metadata.bases)
         try:
             # Every base checked and every data object proven long enough before a byte is written.
@@ -169,7 +170,7 @@ async def _consolidate(
             await source.close()
         manifest = {key: _rewrite(entry, copied) for key, entry in metadata.manifest.items()}
         document = build_metadata(manifest, metadata.world_size, metadata.user_metadata).to_bytes()
-        await _write_manifest(target, document, target_path)
+        await write_manifest(target, document, target_path, writer="consolidate")
     except BaseException:
         with contextlib.suppress(Exception):
             await target.discard(written)
@@ -184,18 +185,6 @@ def _open(path: str, options: Mapping[str, Any]) -> StoragePlugin:
         return open_storage_plugin(path, dict(options))
     except Exception as exc:
         raise storage_error(exc, path, action="opening")  # noqa: B904 - the cause is set
-
-
-async def _refuse_existing(target: StoragePlugin, path: str) -> None:
-    try:
-        exists = await target.exists(METADATA_FILENAME)
-    except Exception as exc:
-        raise storage_error(exc, path, location=METADATA_FILENAME, action="checking for")  # noqa: B904
-    if exists:
-        raise SnapshotExistsError(
-            f"a snapshot already exists at {path!r}; consolidate never overwrites one. Choose another dst, "
-            "or delete that snapshot first"
-        )
 
 
 async def _copy(
@@ -260,15 +249,3 @@ def _rewrite(entry: Entry, copied: Mapping[_PieceKey, Piece]) -> Entry:
         )
         return dataclasses.replace(entry, shards=shards)
     return entry
-
-
-async def _write_manifest(target: StoragePlugin, document: bytes, path: str) -> None:
-    try:
-        await target.write_exclusive(METADATA_FILENAME, document)
-    except FileExistsError:
-        raise SnapshotExistsError(
-            f"another take committed a snapshot at {path!r} while consolidate was writing there; the copy's data "
-            "was discarded. Consolidate to a new path"
-        ) from None
-    except Exception as exc:
-        raise storage_error(exc, path, location=METADATA_FILENAME)  # noqa: B904 - the cause is set
