@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +138,18 @@ def depth_of(value: dict[str, Any]) -> int:
     while "d" in value:
         value, depth = value["d"], depth + 1
     return depth if value == {"leaf": 1} else -1
+
+
+#: The golden snapshots and the scripts that built them.
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+
+
+def load_golden_builder(name: str) -> Any:
+    """The module ``tests/golden/<name>.py`` (a golden snapshot's builder: its expected values)."""
+    spec = importlib.util.spec_from_file_location(name, GOLDEN_DIR / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module

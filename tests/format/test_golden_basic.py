@@ -8,10 +8,8 @@ value is compared with the builder's deterministic construction, bit for bit.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import crc32c
 import pytest
 import torch
 import yaml
+from _snapshots import load_golden_builder
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit.manifest import ObjectEntry, PrimitiveEntry, TensorEntry
@@ -28,17 +27,7 @@ GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 GOLDENS = {1: GOLDEN_DIR / "v1" / "basic", 3: GOLDEN_DIR / "v3" / "basic"}
 
 
-def _load_builder() -> Any:
-    spec = importlib.util.spec_from_file_location("make_golden", GOLDEN_DIR / "make_golden.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_golden", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_golden = _load_builder()
+make_golden = load_golden_builder("make_golden")
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

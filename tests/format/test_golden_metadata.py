@@ -8,16 +8,14 @@ The header member is specified in docs/format.md section 2.2.1.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from _snapshots import MANIFEST
+from _snapshots import MANIFEST, load_golden_builder
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit.errors import ManifestIntegrityError
@@ -28,17 +26,7 @@ GOLDEN = GOLDEN_DIR / "v3" / "user_metadata"
 pytestmark = pytest.mark.usefixtures("clean_env")
 
 
-def _load_builder() -> Any:
-    spec = importlib.util.spec_from_file_location("make_golden_metadata", GOLDEN_DIR / "make_golden_metadata.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_golden_metadata", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_golden_metadata = _load_builder()
+make_golden_metadata = load_golden_builder("make_golden_metadata")
 
 
 def assert_same_json(actual: Any, expected: Any) -> None:

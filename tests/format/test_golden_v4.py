@@ -10,10 +10,8 @@ and a copy whose base was replaced or deleted fails with :class:`BaseSnapshotErr
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import crc32c
 import pytest
 import torch
 import xxhash
-from _snapshots import MANIFEST
+from _snapshots import MANIFEST, load_golden_builder
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit.errors import BaseSnapshotError, ChecksumMismatchError
@@ -35,17 +33,7 @@ INCREMENTAL = GOLDEN_DIR / "v4" / "incremental"
 pytestmark = pytest.mark.usefixtures("clean_env")
 
 
-def _load_builder() -> Any:
-    spec = importlib.util.spec_from_file_location("make_golden_v4", GOLDEN_DIR / "make_golden_v4.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_golden_v4", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_golden_v4 = _load_builder()
+make_golden_v4 = load_golden_builder("make_golden_v4")
 
 
 def expected_state(path: Path) -> dict[str, Any]:
