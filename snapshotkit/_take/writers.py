@@ -94,7 +94,8 @@ class Writer(Protocol):
         ...
 
     def submit(self, target: Target, staged: StagedObject, io_slots: Any) -> WriteJob:
-        """Checksum, hash, :func:`~snapshotkit._take.reuse.settle` and write ``staged`` in the background."""
+        """Decide what ``staged`` reuses, then write the rest while it is checksummed and hashed, in the
+        background (:func:`~snapshotkit._take.reuse.decide`, :meth:`~snapshotkit._take.reuse.Layout.finish`)."""
         ...
 
     def release(self, target: Target) -> None:
