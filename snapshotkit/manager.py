@@ -18,7 +18,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import signal
-import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -46,7 +45,6 @@ from snapshotkit.errors import (
     InvalidArgumentError,
     SnapshotExistsError,
     SnapshotNotFoundError,
-    StateMismatchError,
 )
 from snapshotkit.snapshot import PendingSnapshot, Snapshot
 from snapshotkit.stateful import AppState
@@ -397,48 +395,18 @@ class SnapshotManager:
             except Exception as exc:
                 error = exc
         candidates: list[int] = self._group.exchange(committed, error, "restore_latest: listing the root")[0]
-        skipped: list[int] = []
-        for step in reversed(candidates):
-            path = self.snapshot_path(step)
-            snapshot = Snapshot(path, pg=self.pg, storage_options=self._options)
-            try:
-                opening: BaseException | None = None
-                try:
-                    snapshot.metadata  # noqa: B018 - read on every rank, then agreed on, before the restore
-                except Exception as exc:
-                    opening = exc
-                self._group.exchange(None, opening, f"restore_latest: opening the snapshot of step {step}")
-                with _events.step_scope(step):
-                    report = snapshot.restore(app_state, **restore_kwargs)
-            except Exception as exc:
-                if not self._skip_together(exc):
-                    raise
-                warnings.warn(
-                    f"restore_latest: skipping the snapshot of step {step} at {path!r}: {fallback.reason(exc)}; "
-                    "trying the next older one",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                skipped.append(step)
-                continue
-            self.last_restore_report = report
-            if skipped and self._group.any(bool(report.missing_keys), "restore_latest: checking the fallback"):
-                raise StateMismatchError(
-                    f"restore_latest fell back from step {skipped[0]} to step {step}, which lacks some of the state "
-                    f"({fallback.shown_paths(report.missing_keys)} on this rank): the failed attempt may have left "
-                    "its data there. Rebuild the objects and restore again (strict=False restores only what a "
-                    "snapshot has)"
-                )
-            self._steps.add(step)
-            return step
-        return None
-
-    def _skip_together(self, exc: BaseException) -> bool:
-        """Whether every rank skips the snapshot that raised ``exc`` here (all ranks agree)."""
-        mine = fallback.verdict(exc)
-        if not self._group.distributed:
-            return mine == "skip"
-        return fallback.skip_agreed(self._group.exchange(mine, None, "restore_latest: agreeing to skip a snapshot"))
+        found = fallback.restore_newest(
+            self._group,
+            candidates,
+            lambda step: Snapshot(self.snapshot_path(step), pg=self.pg, storage_options=self._options),
+            app_state,
+            restore_kwargs,
+        )
+        if found is None:
+            return None
+        step, self.last_restore_report = found
+        self._steps.add(step)
+        return step
 
     def cleanup(self) -> list[int]:
         """Remove incomplete snapshots (takes that never committed, deletions cut short); rank 0 only.
