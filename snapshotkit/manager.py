@@ -40,6 +40,7 @@ from snapshotkit._lifecycle.values import (
     clean_metrics,
 )
 from snapshotkit._restore.partial import RestoreReport
+from snapshotkit._take.writers import EXECUTORS
 from snapshotkit.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -84,6 +85,10 @@ class SnapshotManager:
         full_every: with ``incremental``, every this many saves is a full snapshot (the first
             save is; then ``full_every - 1`` incremental ones), so chains stay short. The count
             continues from the newest snapshot's record when a manager reopens the root.
+        async_executor: the ``executor`` of ``save(async_take=True)`` unless it passes one. The
+            manager warms it up (:meth:`Snapshot.prepare_async`) at the end of
+            :meth:`restore_latest`, so the first async save blocks about as long as later ones;
+            this holds staging buffers of about the state's size. None: no warm-up.
 
     With neither ``keep_last`` nor ``keep_best``, nothing is ever deleted. The newest snapshot is
     always kept. Only snapshots a manager wrote are deleted: anything else under the root (a
@@ -111,6 +116,7 @@ class SnapshotManager:
         cleanup_incomplete: bool = True,
         incremental: bool = False,
         full_every: int = 10,
+        async_executor: str | None = "thread",
     ) -> None:
         self.root = snapshot_path(root).rstrip("/")
         self.incremental, self.full_every = check_incremental(incremental, full_every)
@@ -119,7 +125,9 @@ class SnapshotManager:
         signals = check_signals(preemption_signals)
         if not isinstance(cleanup_incomplete, bool):
             raise InvalidArgumentError(f"cleanup_incomplete must be True or False, got {cleanup_incomplete!r}")
-        self.pg = pg
+        if async_executor is not None and async_executor not in EXECUTORS:
+            raise ConfigError(f"async_executor must be one of {EXECUTORS} or None, got {async_executor!r}")
+        self.pg, self.async_executor = pg, async_executor
         self._options = dict(storage_options or {})
         self._group = resolve_group(pg, timeout_seconds=Config.resolve().collective_timeout_seconds)
         self._janitor = RootJanitor(self.root, self._options)
@@ -307,6 +315,8 @@ class SnapshotManager:
             user_metadata[MANAGER_KEY].update(plan.record_members())
             if plan.base_step is not None:
                 take_kwargs = {**take_kwargs, "base": self.snapshot_path(plan.base_step)}
+        if async_take and self.async_executor is not None:
+            take_kwargs.setdefault("executor", self.async_executor)
         path = self.snapshot_path(step)
         common: dict[str, Any] = {"pg": self.pg, "storage_options": self._options, "metadata": user_metadata}
         with _events.step_scope(step):
@@ -402,6 +412,8 @@ class SnapshotManager:
             app_state,
             restore_kwargs,
         )
+        if self.async_executor is not None:  # the run starts here: warm the first async save up
+            Snapshot.prepare_async(app_state, self.pg, executor=self.async_executor)
         if found is None:
             return None
         step, self.last_restore_report = found

@@ -16,6 +16,7 @@ from snapshotkit._restore import engine as restore_engine
 from snapshotkit._restore.bases import open_snapshot_storage
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._take import engine as take_engine
+from snapshotkit._take import warm as take_warm
 from snapshotkit._take.collect import TensorPrepareFunc
 from snapshotkit.errors import InvalidArgumentError, SnapshotkitError
 from snapshotkit.stateful import AppState
@@ -221,6 +222,37 @@ class Snapshot:
             load_base=_base_loader(base, pg, options),
         )
         return PendingSnapshot(job, cls(job.path, pg=pg, storage_options=options))
+
+    @classmethod
+    def prepare_async(
+        cls,
+        app_state: AppState,
+        pg: Any | None = None,
+        replicated: Sequence[str] | None = None,
+        _custom_tensor_prepare_func: TensorPrepareFunc | None = None,
+        *,
+        memory_budget_bytes: int | None = None,
+        executor: str = "thread",
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = None,
+    ) -> int:
+        """Warm up :meth:`async_take`: allocate its staging buffers now, so its first call costs what later ones do.
+
+        Plans the take of ``app_state`` as :meth:`async_take` would with the same arguments (calls
+        ``state_dict()``; collective: call it on every rank), then allocates the staging buffers
+        that take holds at once, up to ``memory_budget_bytes`` (rounded up to powers of two;
+        pinned when CUDA is present; shared memory and the checkpoint daemon for ``"process"``),
+        and writes every page so the first copy pays no page faults. Nothing is written to
+        storage. Idempotent; the next :meth:`async_take` with this ``executor`` uses the buffers,
+        which stay pooled for later takes. Arguments and errors (raised before anything is
+        allocated): as for :meth:`async_take`. Returns the bytes of buffers this call allocated.
+        """
+        config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
+        group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)
+        kwargs: dict[str, Any] = {"include": include, "exclude": exclude, "executor": executor}
+        kwargs.update(group=group, config=config, replicated=list(replicated or ()))
+        kwargs["tensor_prepare_func"] = _custom_tensor_prepare_func
+        return take_warm.prepare_async(app_state, **kwargs)
 
     def _plugin(self) -> StoragePlugin:
         """The snapshot's storage; once the manifest is read, also its bases' (an incremental

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -28,6 +28,9 @@ from snapshotkit._plan.leaves import Payload
 from snapshotkit._take.stage import StagedObject, stage_into
 from snapshotkit._take.writers import PooledBuffers, Target, WriteJob, bucket_bytes
 from snapshotkit.errors import CheckpointDaemonError, StorageError
+
+#: Bytes written at a time when faulting in a new segment's pages.
+_TOUCH_BYTES = 1 << 20
 
 # Lowers the daemon's priority before anything is imported: threads that imports start (torch's)
 # inherit the niceness of the thread that creates them.
@@ -150,6 +153,20 @@ class ProcessWriter:
         for view in (*staged.pieces, *staged.buffers):
             view.release()  # no exported views may outlive the segment's close at exit
         self._segments.put(staged.handle.size, staged.handle)
+
+    def preallocate(self, sizes: Mapping[int, int]) -> int:
+        """Pool free segments of ``sizes`` (bucket size -> count), pages faulted in; the bytes made."""
+
+        def make(size: int) -> shared_memory.SharedMemory:
+            segment = shared_memory.SharedMemory(create=True, size=size)
+            assert segment.buf is not None
+            zeros = bytes(min(size, _TOUCH_BYTES))
+            for start in range(0, size, len(zeros)):  # writing every page faults it in now
+                end = min(size, start + len(zeros))
+                segment.buf[start:end] = zeros[: end - start]
+            return segment
+
+        return self._segments.preallocate(sizes, make)
 
     def io_slots(self, count: int) -> Any:
         return count  # the daemon holds one semaphore per count

@@ -203,6 +203,21 @@ class PooledBuffers:
         with self._lock:
             self._free.setdefault(size, []).append(handle)
 
+    def missing(self, sizes: Mapping[int, int]) -> list[int]:
+        """The buffer sizes to make so that ``sizes[size]`` buffers of each size are free."""
+        with self._lock:
+            return [size for size, count in sorted(sizes.items()) for _ in range(count - len(self._free.get(size, ())))]
+
+    def preallocate(self, sizes: Mapping[int, int], make: Any) -> int:
+        """Make the missing buffers of ``sizes`` with ``make(size)`` and pool them as free; the bytes made."""
+        made = 0
+        for size in self.missing(sizes):
+            handle = make(size)
+            self.add(handle)
+            self.put(size, handle)
+            made += size
+        return made
+
 
 class ThreadWriter(_LoopWriter):
     """Copies into pooled host buffers (pinned when CUDA is present); writes on a low-priority loop."""
@@ -235,6 +250,17 @@ class ThreadWriter(_LoopWriter):
 
     def give_back(self, staged: StagedObject) -> None:
         self._buffers.put(staged.handle.numel(), staged.handle)
+
+    def preallocate(self, sizes: Mapping[int, int]) -> int:
+        """Pool free buffers of ``sizes`` (bucket size -> count), pages faulted in; the bytes made."""
+        if self._stream is None and torch.cuda.is_available():
+            self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+
+        def make(size: int) -> torch.Tensor:
+            # Writing every page now faults it in: a first staging copy would otherwise pay for it.
+            return torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available()).zero_()
+
+        return self._buffers.preallocate(sizes, make)
 
 
 _writers: dict[tuple[str, int], Writer] = {}

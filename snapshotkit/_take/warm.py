@@ -1,0 +1,131 @@
+"""Warming a background writer before the first ``async_take`` (``Snapshot.prepare_async``).
+
+The first ``async_take`` of a process allocates its staging buffers, and the kernel faults their
+pages in while staging copies into them: a first call costs seconds where later ones cost about
+a memcpy. :func:`prepare_writer` plans the take the way ``async_take`` would (same describe,
+exchange and planning functions, same config), then has the writer allocate and fault in the
+buffers that take holds at once, bounded by the memory budget. Nothing is written to storage.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from snapshotkit._app_state import validate_app_state
+from snapshotkit._config import Config
+from snapshotkit._dist import Group
+from snapshotkit._plan.decide import decide
+from snapshotkit._plan.leaves import LocalState, RankInfo, rank_info
+from snapshotkit._plan.rank_plan import TakePlan, plan_rank
+from snapshotkit._plan.select import Selection
+from snapshotkit._runtime.gc import gc_paused
+from snapshotkit._take.collect import check_tensor_prepare_func, collect_state, ddp_replicated_patterns, describe_state
+from snapshotkit._take.writers import EXECUTORS, Writer, background_writer, bucket_bytes
+from snapshotkit.errors import ConfigError
+
+#: Stands in for the snapshot path while planning: sizes and layouts do not depend on it.
+_NO_PATH = "prepare_async://"
+
+
+@runtime_checkable
+class Preallocating(Protocol):
+    """A writer whose staging buffers can be made ahead of a take."""
+
+    def preallocate(self, sizes: Counter[int]) -> int:
+        """Have at least ``sizes[size]`` free buffers of each bucket ``size``, pages faulted in;
+        return the bytes of buffers made now."""
+        ...
+
+
+def plan_like_async_take(
+    app_state: object,
+    *,
+    group: Group,
+    config: Config,
+    replicated: Sequence[str],
+    include: object = None,
+    exclude: object = None,
+    tensor_prepare_func: object = None,
+) -> tuple[TakePlan, LocalState]:
+    """This rank's plan of an ``async_take`` of ``app_state`` (collective, like the take: every
+    rank calls it). Invalid arguments raise on every rank, before anything is allocated."""
+    local: LocalState | None = None
+    info: RankInfo | None = None
+    error: BaseException | None = None
+    try:
+        selection = Selection.of(include, exclude)
+        prepare = check_tensor_prepare_func(tensor_prepare_func)
+        states_of = validate_app_state(app_state)
+        states = collect_state(states_of)
+        patterns = list(dict.fromkeys([*replicated, *ddp_replicated_patterns(states_of)]))
+        with gc_paused():
+            local = describe_state(states, selection, prepare)
+            info = rank_info(local, _NO_PATH, patterns, secrets.token_hex(4))
+    except Exception as exc:
+        error = exc
+    infos: list[RankInfo] = group.exchange(info, error, "prepare_async: describing each rank's state")
+    assert local is not None
+    with gc_paused():
+        decision = decide(infos, chunk_bytes=config.chunk_bytes)
+        plan = plan_rank(
+            local,
+            decision,
+            rank=group.rank,
+            take_id=infos[0].take_id,
+            chunk_bytes=config.chunk_bytes,
+            data_object_bytes=config.data_object_bytes,
+        )
+    return plan, local
+
+
+def buffers_held_at_once(plan: TakePlan, local: LocalState, writer: Writer, budget_bytes: int) -> Counter[int]:
+    """Bucket size -> count of the staging buffers a take of ``plan`` holds before it first waits
+    for the budget (what the engine's staging loop reserves: the first object always, then each
+    next one while it fits)."""
+    sizes: Counter[int] = Counter()
+    reserved_bytes = 0
+    for data_object in plan.data_objects:
+        cost = writer.staging_cost(data_object, local.payloads)
+        if sizes and reserved_bytes + cost > budget_bytes:
+            break
+        reserved_bytes += cost
+        sizes[bucket_bytes(data_object.nbytes)] += 1
+    return sizes
+
+
+def prepare_async(
+    app_state: object,
+    *,
+    group: Group,
+    config: Config,
+    replicated: Sequence[str],
+    executor: str,
+    include: object = None,
+    exclude: object = None,
+    tensor_prepare_func: object = None,
+) -> int:
+    """Plan an ``async_take`` of ``app_state`` with ``executor`` and warm its writer (the one
+    ``async_take`` uses: same executor, same niceness); the bytes of buffers made now."""
+    if executor not in EXECUTORS:  # checked before the state is described or anything allocated
+        raise ConfigError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    plan, local = plan_like_async_take(
+        app_state,
+        group=group,
+        config=config,
+        replicated=replicated,
+        include=include,
+        exclude=exclude,
+        tensor_prepare_func=tensor_prepare_func,
+    )
+    return prepare_writer(background_writer(executor, config.background_niceness), plan, local, config)
+
+
+def prepare_writer(writer: Writer, plan: TakePlan, local: LocalState, config: Config) -> int:
+    """Allocate and fault in ``writer``'s buffers for ``plan``; return the bytes of buffers made now
+    (0 when an earlier take or warm-up already made them)."""
+    if not isinstance(writer, Preallocating):  # pragma: no cover - both background writers are
+        return 0
+    return writer.preallocate(buffers_held_at_once(plan, local, writer, config.memory_budget_bytes))

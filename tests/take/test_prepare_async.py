@@ -1,0 +1,115 @@
+"""``Snapshot.prepare_async``: the buffers it makes are the ones the next ``async_take`` stages into."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from snapshotkit import Snapshot, StateDict
+from snapshotkit._take import writers
+from snapshotkit._take.process_writer import ProcessWriter
+from snapshotkit.errors import ConfigError, InvalidAppStateError, InvalidArgumentError
+
+EXECUTORS = ["thread", "process"]
+MIB = 1 << 20
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def fresh_writers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, int], Any]]:
+    """Each test starts without background writers (so it sees every allocation) and stops its daemon."""
+    made: dict[tuple[str, int], Any] = {}
+    monkeypatch.setattr(writers, "_writers", made)
+    yield made
+    for writer in made.values():
+        if isinstance(writer, ProcessWriter):
+            writer.shutdown()
+
+
+def pool(executor: str) -> writers.PooledBuffers:
+    writer = writers.background_writer(executor, 19)
+    buffers = writer._segments if isinstance(writer, ProcessWriter) else writer._buffers  # type: ignore[attr-defined]
+    assert isinstance(buffers, writers.PooledBuffers)
+    return buffers
+
+
+def make_state(tensors: int = 6, tensor_bytes: int = 4 * MIB) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(7)
+    big = {f"t{i}": torch.randn(tensor_bytes // 4, generator=gen) for i in range(tensors)}
+    return {"big": StateDict(big), "extra": StateDict({"step": 3, "name": "run"})}
+
+
+CONFIG = {"memory_budget_bytes": 1 << 30}
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_the_next_async_take_allocates_nothing_and_restores_bit_exact(tmp_path: Path, executor: str) -> None:
+    state = make_state()
+    prepared = Snapshot.prepare_async(state, executor=executor, **CONFIG)
+    allocated = list(pool(executor).allocated)
+    assert prepared == sum(writers.bucket_bytes(_size(b)) for b in allocated) > 0
+    pending = Snapshot.async_take(str(tmp_path / "s"), state, executor=executor, **CONFIG)
+    snapshot = pending.wait()
+    assert pool(executor).allocated == allocated  # same objects, nothing new
+    restored = {"big": StateDict({k: torch.zeros_like(v) for k, v in state["big"].items()}), "extra": StateDict()}
+    snapshot.restore(restored)
+    for key, tensor in state["big"].items():
+        assert torch.equal(restored["big"][key], tensor)
+    assert dict(restored["extra"]) == {"step": 3, "name": "run"}
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_it_is_idempotent(executor: str) -> None:
+    state = make_state()
+    assert Snapshot.prepare_async(state, executor=executor, **CONFIG) > 0
+    allocated = list(pool(executor).allocated)
+    assert Snapshot.prepare_async(state, executor=executor, **CONFIG) == 0
+    assert pool(executor).allocated == allocated
+
+
+def test_buffers_are_faulted_in_and_a_take_after_a_warm_take_needs_no_warm_up(tmp_path: Path) -> None:
+    state = make_state()
+    Snapshot.async_take(str(tmp_path / "s"), state, **CONFIG).wait()
+    assert Snapshot.prepare_async(state, **CONFIG) == 0  # the take's own buffers are back in the pool
+    for raw in pool("thread").allocated:
+        assert int(raw.sum()) >= 0  # readable (the pages exist)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_the_memory_budget_bounds_what_is_prepared(executor: str) -> None:
+    state = make_state(tensors=16, tensor_bytes=8 * MIB)  # 128 MiB: two 64 MiB data objects
+    small = Snapshot.prepare_async(state, executor=executor, memory_budget_bytes=16 * MIB)
+    assert small == 64 * MIB  # one object at a time (the first always fits, as when staging)
+    assert Snapshot.prepare_async(state, executor=executor, **CONFIG) == 64 * MIB  # the second one too now
+    assert len(pool(executor).allocated) == 2
+
+
+def _size(buffer: Any) -> int:
+    return int(buffer.numel()) if isinstance(buffer, torch.Tensor) else int(buffer.size)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"executor": "fork"}, ConfigError),
+        ({"include": "big/*"}, InvalidArgumentError),
+        ({"memory_budget_bytes": 0}, ConfigError),
+        ({"_custom_tensor_prepare_func": 3}, InvalidArgumentError),
+    ],
+)
+def test_bad_arguments_raise_before_anything_is_allocated(
+    kwargs: dict[str, Any], error: type[Exception], fresh_writers: dict[Any, Any]
+) -> None:
+    with pytest.raises(error):
+        Snapshot.prepare_async(make_state(), **kwargs)
+    assert not fresh_writers  # no writer made, so no buffer and no daemon
+
+
+def test_an_invalid_app_state_raises_before_anything_is_allocated(fresh_writers: dict[Any, Any]) -> None:
+    with pytest.raises(InvalidAppStateError):
+        Snapshot.prepare_async({"x": object()}, executor="process")  # type: ignore[dict-item]
+    assert not fresh_writers
