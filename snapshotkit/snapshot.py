@@ -9,16 +9,15 @@ from typing import Any, TypeVar
 
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
-from snapshotkit._format.bases import resolve_base
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import Entry, escape_key
 from snapshotkit._restore import engine as restore_engine
-from snapshotkit._restore.bases import open_snapshot_storage
+from snapshotkit._restore.bases import intact_bases, open_snapshot_storage
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._take import engine as take_engine
 from snapshotkit._take import warm as take_warm
 from snapshotkit._take.collect import TensorPrepareFunc
-from snapshotkit.errors import InvalidArgumentError, SnapshotkitError
+from snapshotkit.errors import InvalidArgumentError
 from snapshotkit.stateful import AppState
 from snapshotkit.storage import StoragePlugin
 
@@ -473,22 +472,6 @@ class PendingSnapshot:
         return self._snapshot
 
 
-def _intact_bases(
-    snapshot: Snapshot, metadata: SnapshotMetadata, pg: Any | None, storage_options: dict[str, Any]
-) -> frozenset[str]:
-    """The bases of ``snapshot`` that are still the snapshots it references (a take against it may
-    copy its references to them; those to a base that is gone or replaced are written instead)."""
-    intact = set()
-    for location, snapshot_id in metadata.bases.items():
-        try:
-            found = Snapshot(resolve_base(snapshot.path, location), pg=pg, storage_options=storage_options).metadata
-        except SnapshotkitError:
-            continue
-        if found.snapshot_id == snapshot_id:
-            intact.add(location)
-    return frozenset(intact)
-
-
 def _base_loader(
     base: object, pg: Any | None, storage_options: dict[str, Any]
 ) -> Callable[[], tuple[str, SnapshotMetadata, frozenset[str]]] | None:
@@ -511,6 +494,6 @@ def _base_loader(
 
     def load() -> tuple[str, SnapshotMetadata, frozenset[str]]:
         metadata = snapshot.metadata
-        return snapshot.path, metadata, _intact_bases(snapshot, metadata, pg, storage_options)
+        return snapshot.path, metadata, intact_bases(snapshot.path, metadata.bases, storage_options)
 
     return load

@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_async.py"
-MODES = ("none", "thread", "process", "dcp", "dcp_reuse")
+MODES = ("none", "thread", "process", "thread_warm", "process_warm", "dcp", "dcp_reuse")
 SNAPSHOT_MODES = MODES[1:]
 
 
@@ -69,6 +69,8 @@ def test_bench_async_smoke(tmp_path: Path) -> None:
         assert s["later_call_median_s"] > 0, mode
         assert s["loop_excl_blocked_s"] > 0, mode
         assert s["loop_excl_blocked_s"] <= s["loop_incl_blocked_s"] <= s["loop_s"] + 1e-9, mode
+    for mode in ("thread_warm", "process_warm"):
+        assert results[mode]["prepare_async_median_s"] > 0, mode  # the warm-up ran, before the loop
 
     ratios = report["ratios"]
     for mode in SNAPSHOT_MODES:

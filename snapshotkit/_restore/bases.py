@@ -136,6 +136,25 @@ def open_snapshot_storage(path: str, storage_options: Mapping[str, object], base
     return ReferencingStorage(plugin, path, bases, lambda where: open_storage_plugin(where, options))
 
 
+def intact_bases(path: str, bases: Mapping[str, str], storage_options: Mapping[str, object]) -> frozenset[str]:
+    """The base locations among ``bases`` (of the snapshot at ``path``) that still hold the snapshot
+    of the referenced id: a take against this snapshot may copy its references to those (a
+    reference to a base that is gone or replaced is written again instead)."""
+    from snapshotkit._restore.engine import load_metadata  # the engine reads through this module
+
+    options = dict(storage_options)
+    intact = set()
+    for location, snapshot_id in bases.items():
+        where = resolve_base(path, location)
+        try:
+            found = load_metadata(lambda where=where: open_storage_plugin(where, options), where)  # type: ignore[misc]
+        except SnapshotkitError:
+            continue
+        if found.snapshot_id == snapshot_id:
+            intact.add(location)
+    return frozenset(intact)
+
+
 def needed_bases(items: Iterable[tuple[Piece, str]]) -> dict[str, set[str]]:
     """Base location -> the logical paths whose pieces (``(piece, logical path)`` pairs) it holds."""
     needed: dict[str, set[str]] = {}
