@@ -30,7 +30,7 @@ MAX_BATCH_BYTES = 32 << 20
 MIN_SUBRANGE_BYTES = 4096
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class PieceRead:
     """One piece to fetch for ``logical_path``.
 
@@ -128,8 +128,8 @@ async def _run_batch(
 
         def finish() -> None:
             for read, data in targets:
-                if verify:
-                    _verify(read, data)
+                if verify and crc32c(data) != parse_checksum(read.piece.checksum):
+                    _verify(read, data)  # raises, naming the logical path
                 if read.consume is not None:
                     read.consume(0, data)
 
@@ -219,13 +219,19 @@ async def read_pieces(
     """
     await check_referenced(plugin, ((read.piece, read.logical_path) for read in reads))
     threshold = max(budget.total_bytes, MIN_SUBRANGE_BYTES)
-    streamed = [r for r in reads if r.direct is None and r.splittable and r.piece.nbytes > threshold]
-    streamed_ids = {id(r) for r in streamed}
-    requests = [
-        RangeRequest(r.piece.address, r.piece.byte_range[0], r.piece.byte_range[1], index)
-        for index, r in enumerate(reads)
-        if id(r) not in streamed_ids and r.piece.nbytes > 0
-    ]
+    # One pass, no per-read method calls: a restore of many small tensors has a read per tensor.
+    streamed: list[PieceRead] = []
+    empty: list[PieceRead] = []
+    requests: list[RangeRequest] = []
+    for index, read in enumerate(reads):
+        piece = read.piece
+        start, end = piece.byte_range
+        if read.direct is None and read.splittable and end - start > threshold:
+            streamed.append(read)
+        elif end > start:
+            requests.append(RangeRequest(piece.address, start, end, index))
+        else:
+            empty.append(read)
     max_batch_bytes = max(1, min(MAX_BATCH_BYTES, budget.total_bytes))
     batches = plan_read_batches(requests, max_batch_bytes=max_batch_bytes)
     io_slots = asyncio.Semaphore(io_concurrency)
@@ -241,7 +247,6 @@ async def read_pieces(
         async with admitted:
             await _run_streamed(plugin, read, budget, io_slots, verify)
 
-    empty = [r for r in reads if r.piece.nbytes == 0 and id(r) not in streamed_ids]
     for read in empty:
         if verify:
             _verify(read, memoryview(b""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -15,6 +16,7 @@ from snapshotkit._format.serialization import (
     copy_flat_range_in,
     deserialize_object,
     dtype_from_name,
+    dtype_name,
     is_zero_copy_source,
     tensor_from_bytes,
 )
@@ -26,13 +28,18 @@ from snapshotkit.errors import ManifestError, RestoreMemoryError, StateMismatchE
 def tensor_matches(entry: TensorEntry, value: object) -> bool:
     """Whether ``value`` can receive ``entry`` in place (a tensor of the same dtype and shape; a
     ``DTensor``/``ShardedTensor`` is filled shard by shard, see :meth:`LeafLoader.add`)."""
+    # Cheapest refusals first: restoring many small tensors calls this once per entry.
     return (
         isinstance(value, torch.Tensor)
-        and not value.is_quantized
+        and value.shape == entry.shape
+        and _DTYPE_NAMES.get(value.dtype) == entry.dtype
         and value.layout == torch.strided
-        and str(value.dtype).removeprefix("torch.") == entry.dtype
-        and tuple(value.shape) == entry.shape
+        and not value.is_quantized
     )
+
+
+#: torch dtype -> manifest name, built once: ``str(dtype)`` costs a microsecond per call.
+_DTYPE_NAMES: dict[torch.dtype, str] = {d: dtype_name(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
 def describe_mismatch(logical_path: str, entry: TensorEntry, value: torch.Tensor) -> StateMismatchError:
@@ -70,8 +77,13 @@ class LeafLoader:
         self._fresh: dict[tuple[Any, ...], _Slot] = {}
         self._in_place: set[tuple[Any, ...]] = set()
 
-    def add(self, logical_path: str, entry: Entry, destination: Any = None) -> Callable[[], Any]:
+    def add(
+        self, logical_path: str, entry: Entry, destination: Any = None, *, matches: bool | None = None
+    ) -> Callable[[], Any]:
         """Plan loading ``entry``; ``destination`` is used in place when it matches.
+
+        ``matches`` is :func:`tensor_matches` of a tensor entry and its destination when the
+        caller already computed it (planning a restore does, once per entry).
 
         Returns a thunk that gives the loaded value once :attr:`reads` have been fetched.
         """
@@ -85,7 +97,7 @@ class LeafLoader:
         if isinstance(entry, TensorEntry):
             if is_sharded(destination):
                 return self._add_tensor_into_shards(logical_path, entry, destination)
-            return self._add_tensor(logical_path, entry, destination)
+            return self._add_tensor(logical_path, entry, destination, matches)
         if isinstance(entry, ShardedTensorEntry):
             return self._add_sharded(logical_path, entry, destination)
         raise ManifestError(f"{logical_path!r} is a {entry.kind}, not a leaf")
@@ -124,8 +136,10 @@ class LeafLoader:
 
         self.reads.append(PieceRead(piece, logical_path, consume=consume))
 
-    def _add_tensor(self, logical_path: str, entry: TensorEntry, destination: Any) -> Callable[[], Any]:
-        in_place = tensor_matches(entry, destination)
+    def _add_tensor(
+        self, logical_path: str, entry: TensorEntry, destination: Any, matches: bool | None = None
+    ) -> Callable[[], Any]:
+        in_place = tensor_matches(entry, destination) if matches is None else matches
         if entry.serializer != RAW:
             slot = _Slot()
 
@@ -148,15 +162,14 @@ class LeafLoader:
                 f"{logical_path!r}: pieces hold {entry.nbytes} bytes but dtype {entry.dtype} shape "
                 f"{list(entry.shape)} needs {entry.numel * itemsize}"
             )
-        first = tuple((piece.address, piece.byte_range) for piece in entry.pieces) or None
+        first = tuple([(piece.address, piece.byte_range) for piece in entry.pieces]) or None
         if in_place:
             target: torch.Tensor = destination.detach()
             key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
-            if key in self._in_place:
-                return lambda: destination
-            self._in_place.add(key)
-            self._add_raw_reads(logical_path, entry, target, itemsize)
-            return lambda: destination
+            if key not in self._in_place:
+                self._in_place.add(key)
+                self._add_raw_reads(logical_path, entry, target, itemsize)
+            return functools.partial(_identity, destination)
         fresh_key = (first, entry.dtype, entry.shape)
         cached = self._fresh.get(fresh_key)
         if cached is not None and entry.pieces:
@@ -268,6 +281,9 @@ class LeafLoader:
         # Only a tensor's own memory is read into directly: a subclass may wrap other storage.
         plain = type(target) is torch.Tensor or type(target) is torch.nn.Parameter
         direct = byte_view(target) if plain and is_zero_copy_source(target) and target.numel() else None
+        if direct is not None and len(entry.pieces) == 1:  # the common case: the piece is the whole tensor
+            self.reads.append(PieceRead(entry.pieces[0], logical_path, direct))
+            return
         offset = 0
         for piece in entry.pieces:
             if direct is not None:
@@ -283,6 +299,10 @@ class LeafLoader:
 
                 self.reads.append(PieceRead(piece, logical_path, consume=consume, splittable=True, itemsize=itemsize))
             offset += piece.nbytes
+
+
+def _identity(value: Any) -> Any:
+    return value
 
 
 def _new_tensor(logical_path: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

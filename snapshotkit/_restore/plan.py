@@ -165,17 +165,16 @@ def plan_restore(
         thunks: dict[str, Callable[[], Any]] = {}
         for path, entry in leaves.items():
             destination = destinations.get(path)
+            matches: bool | None = None
             if isinstance(destination, torch.Tensor):
                 check_destination(path, entry, destination, module=is_module)
-            if (
-                isinstance(entry, TensorEntry)
-                and isinstance(destination, torch.Tensor)
-                and not tensor_matches(entry, destination)
-            ):
-                if strict and entry.serializer == "raw":
-                    raise describe_mismatch(path, entry, destination)
-                destination = None
-            thunks[path] = loader.add(path, entry, destination)
+                if isinstance(entry, TensorEntry):
+                    matches = tensor_matches(entry, destination)
+                    if not matches:
+                        if strict and entry.serializer == "raw":
+                            raise describe_mismatch(path, entry, destination)
+                        destination = None
+            thunks[path] = loader.add(path, entry, destination, matches=matches)
         merge_with = current if difference.missing_keys and not is_module else None
         steps.append((is_rng, _load_step(stateful, root, containers, thunks, strict, merge_with, difference)))
     report = RestoreReport(tuple(sorted(missing)), tuple(sorted(unexpected)))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 
@@ -94,7 +93,7 @@ def requests_lists(draw: st.DrawFn) -> list[RangeRequest]:
             requests.append(RangeRequest(location, end + gap, end + gap + size, len(requests)))
             end += gap + size
     for again in draw(st.lists(st.sampled_from(requests), max_size=3)) if requests else []:
-        requests.append(dataclasses.replace(again, tag=len(requests)))
+        requests.append(again._replace(tag=len(requests)))
     return requests
 
 

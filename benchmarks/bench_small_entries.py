@@ -1,0 +1,209 @@
+"""Many small entries: restore of N float32 tensors of a few KiB against a raw read of the same bytes.
+
+One StateDict of --count tensors of --tensor-bytes is taken once with snapshotkit, saved once
+with ``torch.save`` and once with safetensors. Then, each in a fresh process (imports excluded
+from the time, manifest decoding included), with a warm page cache and -- when this user may
+drop it -- a cold one:
+
+* ``raw``: plain Python reads of the snapshot's data objects into one pre-allocated buffer;
+* ``restore``: ``Snapshot(path).restore()`` in place into pre-allocated tensors (checksums on);
+* ``safetensors``: ``safetensors.torch.load_file`` + ``copy_`` into the same destinations;
+* ``read_object``: ``Snapshot(path).read_object()`` of one entry (manifest read and decode included);
+* ``take`` and ``torch.save`` (+ fsync) of the same state.
+
+``--compare-with DIR`` runs every operation a second time with another snapshotkit checkout on
+``PYTHONPATH`` (say, ``main`` before a change), interleaved, so before/after come from one run.
+Restored values are checked bit for bit. Method and results: docs/benchmarks.md
+("Many small entries").
+
+Usage::
+
+    python benchmarks/bench_small_entries.py --out small.json
+    python benchmarks/bench_small_entries.py --compare-with /work/main --repeats 5 --out small.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _harness, also when imported by a test
+
+from _harness import cli
+from _harness import measure as M
+from _harness import report as R
+
+OPS = ("raw", "restore", "safetensors", "read_object", "take", "torch_save")
+READS = ("raw", "restore", "safetensors", "read_object")
+
+
+def make_state(count: int, tensor_bytes: int) -> dict[str, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return {f"p{i:06d}": torch.rand(max(1, tensor_bytes // 4), generator=generator) for i in range(count)}
+
+
+def empty_like(state: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    return {k: torch.empty_like(v) for k, v in state.items()}
+
+
+def data_files(snapshot_dir: Path) -> list[Path]:
+    return sorted(p for p in (snapshot_dir / "data").rglob("*") if p.is_file())
+
+
+def child(op: str, work: Path, count: int, tensor_bytes: int) -> dict[str, Any]:
+    """One operation in this (fresh) process; the seconds it took, imports excluded."""
+    import safetensors.torch
+    import torch
+
+    import snapshotkit
+
+    snap, st_file = work / "snap", work / "state.safetensors"
+    verify: dict[str, Any] | None = None
+    if op in ("take", "torch_save"):
+        state = make_state(count, tensor_bytes)
+        target = work / f"{op}-out"
+        started = time.perf_counter()
+        if op == "take":
+            snapshotkit.Snapshot.take(str(target), {"m": snapshotkit.StateDict(state)})
+        else:
+            with open(target, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+        seconds = time.perf_counter() - started
+    elif op == "raw":
+        files = data_files(snap)
+        buffer = bytearray(sum(p.stat().st_size for p in files))
+        view, offset = memoryview(buffer), 0
+        started = time.perf_counter()
+        for path in files:
+            with open(path, "rb", buffering=0) as f:
+                while (n := f.readinto(view[offset:])) > 0:
+                    offset += n
+        seconds = time.perf_counter() - started
+    elif op == "read_object":
+        started = time.perf_counter()
+        value = snapshotkit.Snapshot(str(snap)).read_object(f"m/p{count // 2:06d}")
+        seconds = time.perf_counter() - started
+        verify = {f"p{count // 2:06d}": value}
+    else:
+        destinations = empty_like(make_state(count, tensor_bytes))
+        started = time.perf_counter()
+        if op == "restore":
+            snapshotkit.Snapshot(str(snap)).restore({"m": snapshotkit.StateDict(destinations)})
+        else:
+            for key, value in safetensors.torch.load_file(str(st_file)).items():
+                destinations[key].copy_(value)
+        seconds = time.perf_counter() - started
+        verify = destinations
+    ok = True
+    if verify is not None:
+        expected = make_state(count, tensor_bytes)
+        ok = all(torch.equal(expected[k], v) for k, v in verify.items())
+    return {"time_s": seconds, "ok": ok}
+
+
+def run_child(args: Any, op: str, work: Path, pythonpath: str, cold: bool) -> dict[str, Any]:
+    cache = M.prepare_cache(cold) if op in READS else "n/a"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPSHOTKIT_")}
+    env["PYTHONPATH"] = pythonpath
+    cmd = [sys.executable, __file__, "--child", op, "--dir", str(work)]
+    cmd += ["--count", str(args.count), "--tensor-bytes", str(args.tensor_bytes)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.op_timeout)
+    if proc.returncode != 0:
+        return {"ok": False, "error": proc.stderr[-2000:], "cache": cache}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "cache": cache}
+
+
+def parse_args(argv: list[str] | None = None) -> Any:
+    ap = cli.BenchParser(__doc__)
+    ap.add_out(default="bench_small_entries.json")
+    ap.add_argument("--dir", default=None, help="scratch directory (default: a new temp dir under /tmp)")
+    ap.add_argument("--count", type=int, default=20_000, help="number of tensors (20000)")
+    ap.add_argument("--tensor-bytes", type=cli.parse_size, default=4 * cli.KiB, help="bytes per tensor (4KiB)")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats per operation; the median is reported")
+    ap.add_argument("--compare-with", default=None, help="another snapshotkit checkout to time alongside")
+    ap.add_argument("--op-timeout", type=float, default=600.0, help="seconds per operation")
+    ap.add_argument("--child", default=None, help="(internal) run one operation and print its JSON")
+    ap.add_quick("tiny sizes for the smoke test", count=200, tensor_bytes=1024, repeats=1)
+    return ap.parse(argv)
+
+
+def prepare(work: Path, count: int, tensor_bytes: int) -> None:
+    import safetensors.torch
+    import torch
+
+    import snapshotkit
+
+    state = make_state(count, tensor_bytes)
+    snapshotkit.Snapshot.take(str(work / "snap"), {"m": snapshotkit.StateDict(state)})
+    safetensors.torch.save_file(state, str(work / "state.safetensors"))
+    torch.save(state, str(work / "state.pt"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, Path(args.dir), args.count, args.tensor_bytes)))
+        return 0
+    here = str(Path(__file__).resolve().parents[1])
+    checkouts = {"this": here} | ({"compare": str(Path(args.compare_with).resolve())} if args.compare_with else {})
+    caches = ["warm"] + (["cold"] if M.can_drop_caches() else [])
+    with cli.scratch_dir(args.dir, "snapshotkit-small-") as scratch:
+        prepare(scratch, args.count, args.tensor_bytes)
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for rep in range(args.repeats):
+            for cache in caches:
+                for op in OPS:
+                    if cache == "cold" and op not in READS:
+                        continue
+                    for name, pythonpath in checkouts.items():
+                        rec = run_child(args, op, scratch, pythonpath, cache == "cold")
+                        runs.setdefault(f"{name} {op} {cache}", {}).setdefault("runs", []).append(rec)
+                        R.progress(f"[{rep + 1}/{args.repeats}] {name} {op} ({rec['cache']}): {R.status(rec)}")
+                        for path in scratch.glob("*-out"):
+                            subprocess.run(["rm", "-rf", str(path)], check=True)
+        results = {}
+        for key, value in runs.items():
+            good = [r for r in value["runs"] if r.get("ok")]
+            results[key] = {
+                "median_s": M.median(r["time_s"] for r in good),
+                "ok": len(good) == len(value["runs"]),
+                "caches": sorted({r["cache"] for r in value["runs"]}),
+            }
+        ratios: dict[str, Any] = {}
+        for name in checkouts:
+            for cache in caches:
+
+                def s(op: str, name: str = name, cache: str = cache) -> float | None:
+                    rec = results.get(f"{name} {op} {'warm' if op in ('take', 'torch_save') else cache}", {})
+                    value: float | None = rec.get("median_s")
+                    return value
+
+                ratios[f"{name} {cache}"] = {
+                    "restore_vs_raw_read": M.ratio(s("raw"), s("restore")),
+                    "restore_speedup_over_safetensors": M.ratio(s("safetensors"), s("restore")),
+                    "take_speedup_over_torch_save": M.ratio(s("torch_save"), s("take")),
+                    "read_object_s": s("read_object"),
+                }
+        report = R.new_report("bench_small_entries", scratch, config={**vars(args), "checkouts": checkouts})
+        report.update(results=results, ratios=ratios)
+    Path(args.out).write_text(json.dumps(report, indent=2, sort_keys=True))
+    for key, value in sorted(results.items()):
+        print(f"{key:40s} {R.fmt_num(value['median_s'])} s{'' if value['ok'] else '  (FAILED runs)'}")
+    for key, value in ratios.items():
+        print(key, {k: (round(v, 3) if isinstance(v, float) else v) for k, v in value.items()})
+    return 0 if all(v["ok"] for v in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
