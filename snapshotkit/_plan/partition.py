@@ -64,7 +64,8 @@ def assign_writers(items: Iterable[WriteItem[K]], base_loads: Sequence[int]) -> 
                 if load == loads[rank]:
                     break  # else a stale entry left behind by a restricted assignment
         else:
-            rank = min(item.holders, key=lambda r: (loads[r], r))
+            # the least (load, rank) pair: ties go to the lower rank whatever the holders' order
+            rank = min(zip(map(loads.__getitem__, item.holders), item.holders, strict=True))[1]
         owner[item.key] = rank
         loads[rank] += item.nbytes
         heapq.heappush(heap, (loads[rank], rank))
