@@ -144,7 +144,7 @@ def distinct_boxes(infos: Sequence[RankInfo]) -> DistinctBoxes:
         for path, description in info.shards.items():
             if (seen := found.get(path)) is None:
                 seen = found[path] = ShardedDescription(description.dtype, description.shape, ())
-            if (seen.dtype, seen.shape) != (description.dtype, description.shape):
+            if seen.dtype != description.dtype or seen.shape != description.shape:
                 raise UnsupportedValueError(
                     f"the sharded tensor at {path!r} is {seen.dtype} {list(seen.shape)} on one rank and "
                     f"{description.dtype} {list(description.shape)} on rank {rank}; every rank must hold "
