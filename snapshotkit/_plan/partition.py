@@ -50,7 +50,8 @@ def assign_writers(items: Iterable[WriteItem[K]], base_loads: Sequence[int]) -> 
     largest first (equal sizes in order of ``repr(key)``), each onto the least loaded rank
     allowed to write it; ties go to the lower rank. Keys, and their reprs, must be distinct;
     then the answer depends only on the set of items, not on their order. Cost: O(n log n) for
-    sorting plus O(log R) per unrestricted item and O(holders) per restricted one.
+    sorting plus O(log R) per item, amortized (a restricted item makes at most one heap entry
+    stale, refreshed by a later pop), and O(holders) per restricted one.
     """
     loads = list(base_loads)
     # IMPORTANT: the heap holds exactly one entry per rank, never above that rank's load. A
