@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from snapshotkit._format.serialization import RAW, dtype_from_name
 from snapshotkit._format.sharded import Box
 from snapshotkit._plan.layout import Span, row_pieces, split_payload
-from snapshotkit._plan.leaves import RankInfo, ShardedDescription
+from snapshotkit._plan.leaves import LeafSignature, RankInfo, ShardedDescription
 from snapshotkit._plan.partition import WriteItem, assign_writers, common_patterns, replicated_paths
 from snapshotkit.errors import UnsupportedValueError
 
@@ -35,6 +35,11 @@ class PieceKey:
     path: str
     index: int
     shard_offsets: tuple[int, ...] | None = None
+
+    def __repr__(self) -> str:
+        # The dataclass's own text, without its recursion guard: assign_writers orders equal-sized
+        # pieces by repr, millions of them at 16k ranks.
+        return f"PieceKey(path={self.path!r}, index={self.index!r}, shard_offsets={self.shard_offsets!r})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,13 +84,11 @@ def decide(infos: Sequence[RankInfo], *, chunk_bytes: int) -> Decision:
     replicated = frozenset(p for p in offered.chosen if first[p].kind != "alias" or first[p].alias_of in offered.chosen)
     items: list[WriteItem[PieceKey]] = []
     spans: dict[PieceKey, Span] = {}
-    loads = [info.total_bytes for info in infos]
-    for path in sorted(replicated):
+    stored = [path for path in sorted(replicated) if first[path].kind not in ("alias", "primitive")]
+    # a rank writes its own copy of none of them: only its share of their pieces
+    loads = [info.total_bytes - _bytes_of(info.candidates, stored) for info in infos]
+    for path in stored:  # an alias reuses its tensor's pieces; primitives are inline in the manifest
         leaf = first[path]
-        if leaf.kind in ("alias", "primitive"):
-            continue  # an alias reuses its tensor's pieces; primitives are inline in the manifest
-        for rank, info in enumerate(infos):
-            loads[rank] -= info.candidates[path].nbytes
         if leaf.kind == "tensor" and leaf.serializer == RAW:
             ranges = split_payload(leaf.nbytes, dtype_from_name(leaf.dtype).itemsize, chunk_bytes)
         else:
@@ -95,15 +98,22 @@ def decide(infos: Sequence[RankInfo], *, chunk_bytes: int) -> Decision:
             spans[key] = span
             items.append(WriteItem(key, span.nbytes))
     boxes = distinct_boxes(infos)
+    row_spans: dict[tuple[tuple[int, ...], int], list[Span]] = {}  # the boxes of a tensor mostly share sizes
     for path, description in boxes.sharded.items():
         itemsize = dtype_from_name(description.dtype).itemsize
-        for box in description.boxes:
-            for index, span in enumerate(row_pieces(box.sizes, itemsize, chunk_bytes)):
+        for box, holders in boxes.holders[path].items():  # in the order of description.boxes
+            if (box_spans := row_spans.get((box.sizes, itemsize))) is None:
+                box_spans = row_spans[box.sizes, itemsize] = row_pieces(box.sizes, itemsize, chunk_bytes)
+            for index, span in enumerate(box_spans):
                 key = PieceKey(path, index, box.offsets)
                 spans[key] = span
-                items.append(WriteItem(key, span.nbytes, boxes.holders[path][box]))
+                items.append(WriteItem(key, span.nbytes, holders))
     owner = assign_writers(items, [max(0, load) for load in loads])
     return Decision(replicated, owner, spans, boxes.sharded, offered.differing)
+
+
+def _bytes_of(candidates: Mapping[str, LeafSignature], paths: Sequence[str]) -> int:
+    return sum(candidates[path].nbytes for path in paths)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,22 +138,28 @@ def distinct_boxes(infos: Sequence[RankInfo]) -> DistinctBoxes:
             shape, or their distinct boxes do not cover it exactly once (by element count).
     """
     found: dict[str, ShardedDescription] = {}
-    holders: dict[str, dict[Box, list[int]]] = {}
+    # Keyed by a box's fields, equal exactly when the boxes are: a tuple hashes in C, a Box in Python.
+    holders: dict[str, dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[Box, list[int]]]] = {}
     for rank, info in enumerate(infos):
         for path, description in info.shards.items():
-            seen = found.setdefault(path, ShardedDescription(description.dtype, description.shape, ()))
-            if (seen.dtype, seen.shape) != (description.dtype, description.shape):
+            if (seen := found.get(path)) is None:
+                seen = found[path] = ShardedDescription(description.dtype, description.shape, ())
+            if seen.dtype != description.dtype or seen.shape != description.shape:
                 raise UnsupportedValueError(
                     f"the sharded tensor at {path!r} is {seen.dtype} {list(seen.shape)} on one rank and "
                     f"{description.dtype} {list(description.shape)} on rank {rank}; every rank must hold "
                     "shards of the same global tensor"
                 )
-            by_box = holders.setdefault(path, {})
+            if (by_box := holders.get(path)) is None:
+                by_box = holders[path] = {}
             for box in description.boxes:
-                by_box.setdefault(box, []).append(rank)
+                if (held := by_box.get((box.offsets, box.sizes))) is None:
+                    by_box[box.offsets, box.sizes] = (box, [rank])
+                else:
+                    held[1].append(rank)
     sharded = {}
     for path, seen in found.items():
-        boxes = tuple(holders[path])  # dicts keep first-seen order
+        boxes = tuple(box for box, _ in holders[path].values())  # dicts keep first-seen order
         covered = sum(math.prod(box.sizes) for box in boxes)
         if covered != math.prod(seen.shape):
             raise UnsupportedValueError(
@@ -152,5 +168,5 @@ def distinct_boxes(infos: Sequence[RankInfo]) -> DistinctBoxes:
             )
         sharded[path] = ShardedDescription(seen.dtype, seen.shape, boxes)
     return DistinctBoxes(
-        sharded, {path: {box: tuple(r) for box, r in by_box.items()} for path, by_box in holders.items()}
+        sharded, {path: {box: tuple(r) for box, r in by_box.values()} for path, by_box in holders.items()}
     )

@@ -50,24 +50,31 @@ def assign_writers(items: Iterable[WriteItem[K]], base_loads: Sequence[int]) -> 
     largest first (equal sizes in order of ``repr(key)``), each onto the least loaded rank
     allowed to write it; ties go to the lower rank. Keys, and their reprs, must be distinct;
     then the answer depends only on the set of items, not on their order. Cost: O(n log n) for
-    sorting plus O(log R) per unrestricted item and O(holders) per restricted one.
+    sorting plus O(log R) per item, amortized (a restricted item makes at most one heap entry
+    stale, refreshed by a later pop), and O(holders) per restricted one.
     """
     loads = list(base_loads)
+    # IMPORTANT: the heap holds exactly one entry per rank, never above that rank's load. A
+    # restricted item raises a load without touching the heap; a popped entry below its rank's
+    # load is refreshed and the pop retried, so the entry taken is the least (load, rank) pair.
     heap = [(load, rank) for rank, load in enumerate(loads)]
     heapq.heapify(heap)
     owner: dict[K, int] = {}
     ordered = sorted(items, key=lambda item: (-item.nbytes, repr(item.key)))
     for item in ordered:
-        if item.holders is None:
-            while True:
-                load, rank = heapq.heappop(heap)
-                if load == loads[rank]:
-                    break  # else a stale entry left behind by a restricted assignment
+        holders = item.holders
+        if holders is None:
+            while (entry := heap[0])[0] != loads[rank := entry[1]]:
+                heapq.heapreplace(heap, (loads[rank], rank))
+            loads[rank] += item.nbytes
+            heapq.heapreplace(heap, (loads[rank], rank))
         else:
-            rank = min(item.holders, key=lambda r: (loads[r], r))
+            if len(holders) == 1:
+                (rank,) = holders
+            else:  # the least (load, rank) pair: ties go to the lower rank whatever the holders' order
+                rank = min(zip(map(loads.__getitem__, holders), holders, strict=True))[1]
+            loads[rank] += item.nbytes
         owner[item.key] = rank
-        loads[rank] += item.nbytes
-        heapq.heappush(heap, (loads[rank], rank))
     return owner
 
 

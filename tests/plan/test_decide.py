@@ -250,3 +250,28 @@ def test_replicated_paths_are_those_alike_on_every_rank(world: World) -> None:
         assert decision.differing == {}
         assert decision.replicated == offered
     assert {key.path for key in decision.owner} <= decision.replicated | set(decision.sharded)
+
+
+# --------------------------------------------------------------------------- what the fast paths must not change
+
+
+def test_piece_key_repr_is_the_dataclass_text() -> None:
+    """assign_writers orders equal-sized pieces by repr: the hand-written one must be the dataclass's."""
+    for key in (PieceKey("a/b", 0), PieceKey("x'y", 3, (4, 0)), PieceKey("t", 1, ())):
+        fields = ", ".join(f"{name}={getattr(key, name)!r}" for name in ("path", "index", "shard_offsets"))
+        assert repr(key) == f"PieceKey({fields})"
+
+
+def test_box_pieces_follow_each_box_and_dtype() -> None:
+    """Row spans are shared between boxes of equal sizes and itemsize, never across either."""
+    uneven = [Box((0, 0), (3, 4)), Box((3, 0), (1, 4))]  # 3 rows and 1 row
+    states = [
+        StateBuilder().sharded("a", (4, 4), uneven[:1]).sharded("b", (4, 4), uneven[:1], "float16").build(),
+        StateBuilder().sharded("a", (4, 4), uneven[1:]).sharded("b", (4, 4), uneven[1:], "float16").build(),
+    ]
+    decision = decide(infos_of(*states), chunk_bytes=32)  # two float32 rows, four float16 rows per piece
+    assert spans_of(decision, "a", (0, 0)) == [Span(0, 32), Span(32, 48)]
+    assert spans_of(decision, "a", (3, 0)) == [Span(0, 16)]
+    assert spans_of(decision, "b", (0, 0)) == [Span(0, 24)]
+    assert spans_of(decision, "b", (3, 0)) == [Span(0, 8)]
+    assert {decision.owner[k] for k in decision.pieces("a", (3, 0)) + decision.pieces("b", (3, 0))} == {1}

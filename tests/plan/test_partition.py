@@ -74,6 +74,14 @@ def test_restricted_assignments_leave_no_stale_choice() -> None:
     assert assign_writers(zeros, [0, 0]) == {"r": 1, "z0": 0, "z1": 0, "z2": 0, "z3": 0, "z4": 0}
 
 
+def test_free_items_see_every_load_restricted_items_raised() -> None:
+    """Restricted items raise ranks 0 and 1 past rank 2 before any free item is placed: the free
+    ones go to rank 2 until it passes rank 1, whose load the heap learned only from the load list."""
+    items = [WriteItem("r1", 10, holders=(0,)), WriteItem("r2", 5, holders=(1,))]
+    items += [WriteItem("f1", 3), WriteItem("f2", 3), WriteItem("f3", 1)]
+    assert assign_writers(items, [0, 0, 0]) == {"r1": 0, "r2": 1, "f1": 2, "f2": 2, "f3": 1}
+
+
 # --------------------------------------------------------------------------- assign_writers: properties
 
 sizes = st.integers(0, 1000)
