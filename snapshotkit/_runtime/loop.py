@@ -119,8 +119,9 @@ class Spawned(Generic[T]):
 
     def __init__(self, coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> None:
         self._finished = threading.Event()
+        self._abandoned = threading.Event()
         self.future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
-            _tracked(coro, self._finished), loop
+            _tracked(coro, self._finished, self._abandoned), loop
         )
 
     def result(self, timeout: float | None = None) -> T:
@@ -131,16 +132,24 @@ class Spawned(Generic[T]):
         if not self.future.done():
             # Cancelling the concurrent future cancels the task; it completes at once while the
             # task may still be cleaning up, so wait for the coroutine itself to finish.
+            self._abandoned.set()
             self.future.cancel()
             self._finished.wait(timeout=_CANCEL_CLEANUP_TIMEOUT_S)
 
 
-async def _tracked(coro: Coroutine[Any, Any, T], finished: threading.Event) -> T:
+async def _tracked(coro: Coroutine[Any, Any, T], finished: threading.Event, abandoned: threading.Event) -> T:
     # Not a closure over the Spawned: a failure's traceback holds this frame, and the frame its
     # function, so a closure would make a reference cycle (error -> frame -> Spawned -> future
     # -> error) that keeps everything the failed coroutine touched alive until a collection.
     try:
         return await coro
+    except Exception:
+        if abandoned.is_set():
+            # Cancelled by a caller that stopped listening, but it failed before the cancellation
+            # reached it: nobody can retrieve this error any more (asyncio would log it as "never
+            # retrieved" when the task is collected); the caller already has the failure it acts on.
+            raise asyncio.CancelledError from None
+        raise
     finally:
         finished.set()  # set only after the coroutine's own clean-up ran
 
