@@ -72,7 +72,7 @@ def prepare_take(
     group: Group,
     config: Config,
     replicated: Sequence[str],
-    open_plugin: Callable[[str], StoragePlugin],
+    open_plugin: Callable[[str], StoragePlugin] | None,
     user_metadata: object = None,
     include: object = None,
     exclude: object = None,
@@ -87,7 +87,8 @@ def prepare_take(
     (an invalid argument or app_state, a ``state_dict()`` that raises, patterns that select
     nothing, an existing snapshot at the path, a base that cannot be read or lies outside the
     folder that holds the path) makes every rank raise here, before anything is written.
-    ``load_base`` (an incremental take) reads the base's manifest on every rank.
+    ``load_base`` (an incremental take) reads the base's manifest on every rank. Without
+    ``open_plugin`` nothing touches storage: a rehearsal that only plans (``prepare_async``).
     """
     local: LocalState | None = None
     info: RankInfo | None = None
@@ -99,7 +100,7 @@ def prepare_take(
         selection = Selection.of(include, exclude)
         prepare = check_tensor_prepare_func(tensor_prepare_func)
         states_of = validate_app_state(app_state)
-        if group.rank == 0:
+        if group.rank == 0 and open_plugin is not None:
             run_sync(_refuse_existing_and_close(_open(open_plugin, path), path))
         if load_base is not None:
             base_path, base, intact = load_base()
@@ -117,7 +118,8 @@ def prepare_take(
             info = rank_info(local, path, patterns, secrets.token_hex(4))
     except Exception as exc:
         error = exc
-    infos: list[RankInfo] = group.exchange(info, error, "take: describing each rank's state")
+    what = "take" if open_plugin is not None else "prepare_async"
+    infos: list[RankInfo] = group.exchange(info, error, f"{what}: describing each rank's state")
     assert local is not None
     take_id = infos[0].take_id
     with gc_paused():

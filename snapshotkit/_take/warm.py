@@ -9,20 +9,15 @@ buffers that take holds at once, bounded by the memory budget. Nothing is writte
 
 from __future__ import annotations
 
-import secrets
 from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from snapshotkit._app_state import validate_app_state
 from snapshotkit._config import Config
 from snapshotkit._dist import Group
-from snapshotkit._plan.decide import decide
-from snapshotkit._plan.leaves import LocalState, RankInfo, rank_info
-from snapshotkit._plan.rank_plan import TakePlan, plan_rank
-from snapshotkit._plan.select import Selection
-from snapshotkit._runtime.gc import gc_paused
-from snapshotkit._take.collect import check_tensor_prepare_func, collect_state, ddp_replicated_patterns, describe_state
+from snapshotkit._plan.leaves import LocalState
+from snapshotkit._plan.rank_plan import TakePlan
+from snapshotkit._take.prepare import prepare_take
 from snapshotkit._take.writers import EXECUTORS, Writer, background_writer, bucket_bytes
 from snapshotkit.errors import ConfigError
 
@@ -51,34 +46,20 @@ def plan_like_async_take(
     tensor_prepare_func: object = None,
 ) -> tuple[TakePlan, LocalState]:
     """This rank's plan of an ``async_take`` of ``app_state`` (collective, like the take: every
-    rank calls it). Invalid arguments raise on every rank, before anything is allocated."""
-    local: LocalState | None = None
-    info: RankInfo | None = None
-    error: BaseException | None = None
-    try:
-        selection = Selection.of(include, exclude)
-        prepare = check_tensor_prepare_func(tensor_prepare_func)
-        states_of = validate_app_state(app_state)
-        states = collect_state(states_of)
-        patterns = list(dict.fromkeys([*replicated, *ddp_replicated_patterns(states_of)]))
-        with gc_paused():
-            local = describe_state(states, selection, prepare)
-            info = rank_info(local, _NO_PATH, patterns, secrets.token_hex(4))
-    except Exception as exc:
-        error = exc
-    infos: list[RankInfo] = group.exchange(info, error, "prepare_async: describing each rank's state")
-    assert local is not None
-    with gc_paused():
-        decision = decide(infos, chunk_bytes=config.chunk_bytes)
-        plan = plan_rank(
-            local,
-            decision,
-            rank=group.rank,
-            take_id=infos[0].take_id,
-            chunk_bytes=config.chunk_bytes,
-            data_object_bytes=config.data_object_bytes,
-        )
-    return plan, local
+    rank calls it): the take's own first phase, without storage. Invalid arguments raise on every
+    rank, before anything is allocated."""
+    prepared = prepare_take(
+        _NO_PATH,
+        app_state,
+        group=group,
+        config=config,
+        replicated=replicated,
+        open_plugin=None,
+        include=include,
+        exclude=exclude,
+        tensor_prepare_func=tensor_prepare_func,
+    )
+    return prepared.plan, prepared.local
 
 
 def buffers_held_at_once(plan: TakePlan, local: LocalState, writer: Writer, budget_bytes: int) -> Counter[int]:
