@@ -140,7 +140,7 @@ def data_bytes(path: Path) -> tuple[int, int]:
 
 def piece_stats(snapshot: Any) -> R.Record:
     """Pieces stored in the snapshot and pieces referenced from bases, counted and in bytes."""
-    from snapshotkit._format.pieces import pieces_of
+    from snapshotkit._format.entries import pieces_of
 
     meta = snapshot.metadata
     stored = referenced = stored_bytes = referenced_bytes = 0

@@ -22,8 +22,9 @@ from snapshotkit._format.entries import (
     _field,
     check_containers,
     decode_entry,
+    pieces_of,
 )
-from snapshotkit._format.pieces import _fail, _json_string, pieces_of
+from snapshotkit._format.pieces import _fail, _json_string
 from snapshotkit.errors import ManifestError, UnsupportedFormatVersionError
 
 #: The optional header member that holds the take's ``metadata=`` (docs/format.md section 2.2).

@@ -373,6 +373,17 @@ def decode_entry(key: str, raw: object) -> Entry:
     return decoder(key, raw)
 
 
+def pieces_of(entry: Entry) -> tuple[Piece, ...]:
+    """The pieces an entry's value is stored in, in order (none for containers and primitives)."""
+    if isinstance(entry, TensorEntry):
+        return entry.pieces
+    if isinstance(entry, ObjectEntry):
+        return (entry.piece,)
+    if isinstance(entry, ShardedTensorEntry):
+        return tuple(piece for shard in entry.shards for piece in shard.pieces)
+    return ()
+
+
 def is_shared(entry: Entry) -> bool:
     """Whether every rank reads ``entry`` from rank 0: a replicated leaf or a sharded tensor."""
     return isinstance(entry, ShardedTensorEntry) or bool(getattr(entry, "replicated", False))

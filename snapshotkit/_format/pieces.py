@@ -174,17 +174,3 @@ class Piece:
         if "base" in raw and base is None:
             raise _fail(key, "a piece's base must be a string '../<name>'")
         return cls(location, (byte_range[0], byte_range[1]), checksum, digest, base)
-
-
-def pieces_of(entry: object) -> tuple[Piece, ...]:
-    """Every piece an entry names, in order (tensors, objects, every shard of a sharded tensor)."""
-    pieces = getattr(entry, "pieces", None)
-    if pieces is not None:
-        return tuple(pieces)
-    piece = getattr(entry, "piece", None)
-    if piece is not None:
-        return (piece,)
-    shards = getattr(entry, "shards", None)
-    if shards is not None:
-        return tuple(p for shard in shards for p in shard.pieces)
-    return ()

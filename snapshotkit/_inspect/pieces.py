@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import Entry, ObjectEntry, Piece, ShardedTensorEntry, TensorEntry
+from snapshotkit._format.entries import Piece, pieces_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,24 +21,13 @@ class StoredPiece:
     keys: tuple[str, ...]
 
 
-def entry_pieces(entry: Entry) -> tuple[Piece, ...]:
-    """The pieces an entry's value is stored in (none for containers and primitives)."""
-    if isinstance(entry, TensorEntry):
-        return entry.pieces
-    if isinstance(entry, ObjectEntry):
-        return (entry.piece,)
-    if isinstance(entry, ShardedTensorEntry):
-        return tuple(piece for shard in entry.shards for piece in shard.pieces)
-    return ()
-
-
 def stored_pieces(metadata: SnapshotMetadata) -> list[StoredPiece]:
     """Every distinct piece of the snapshot, ordered by data object and offset."""
     # The piece is kept as the manifest has it (its base included): a reader checks a referenced
     # base's snapshot id before reading from it only when it knows the piece is a reference.
     holders: dict[tuple[str, tuple[int, int], str], tuple[Piece, list[str]]] = {}
     for key, entry in metadata.manifest.items():
-        for piece in entry_pieces(entry):
+        for piece in pieces_of(entry):
             holders.setdefault((piece.address, piece.byte_range, piece.checksum), (piece, []))[1].append(key)
     ordered = sorted(holders.items(), key=lambda item: (item[0][0], item[0][1]))
     return [StoredPiece(piece, tuple(keys)) for _, (piece, keys) in ordered]

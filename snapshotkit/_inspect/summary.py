@@ -22,8 +22,8 @@ from snapshotkit._format.entries import (
     TensorEntry,
     TupleEntry,
     join_path,
+    pieces_of,
 )
-from snapshotkit._format.pieces import pieces_of
 
 
 def entry_kind(entry: Entry) -> str:

@@ -27,8 +27,8 @@ import torch
 from snapshotkit._dist import Rendezvous
 from snapshotkit._format.bases import new_snapshot_id
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import METADATA_FILENAME, Entry, format_version_for
-from snapshotkit._format.pieces import Piece, pieces_of
+from snapshotkit._format.entries import METADATA_FILENAME, Entry, format_version_for, pieces_of
+from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.decide import Decision
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.merge import RankResult, finish_rank, merge_results

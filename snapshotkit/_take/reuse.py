@@ -23,7 +23,8 @@ from collections.abc import Collection, Mapping, Sequence
 from snapshotkit._format.bases import base_location_for, resolve_base
 from snapshotkit._format.checksum import checksum_and_hash, content_hash, crc32c, format_checksum
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.pieces import Piece, pieces_of
+from snapshotkit._format.entries import pieces_of
+from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import ALIGNMENT_BYTES
 from snapshotkit.errors import ConfigError
 

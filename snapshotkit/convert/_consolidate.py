@@ -29,8 +29,8 @@ from typing import Any
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._format.checksum import content_hash
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import Entry, ObjectEntry, ShardedTensorEntry, TensorEntry
-from snapshotkit._format.pieces import Piece, pieces_of
+from snapshotkit._format.entries import Entry, ObjectEntry, ShardedTensorEntry, TensorEntry, pieces_of
+from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import ALIGNMENT_BYTES, data_object_location
 from snapshotkit._restore.bases import open_snapshot_storage
 from snapshotkit._restore.engine import load_metadata

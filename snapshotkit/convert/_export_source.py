@@ -152,12 +152,6 @@ def _prune_tree(flat: Flattened, names: Sequence[str], top: str | None, keeps: C
     return Tree(containers, ordered, (top,) if top is not None else tuple(kept), top)
 
 
-def _pieces(entry: TensorEntry | ShardedTensorEntry) -> list[Piece]:
-    if isinstance(entry, TensorEntry):
-        return list(entry.pieces)
-    return [piece for shard in entry.shards for piece in shard.pieces]
-
-
 def flatten_view(view: Mapping[str, Entry]) -> tuple[Flattened, tuple[str, ...]]:
     """Rank 0's view split into containers and leaves in depth-first order, and the top-level names."""
     names = tuple(path for path in view if "/" not in path)

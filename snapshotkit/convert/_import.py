@@ -25,7 +25,7 @@ from snapshotkit._config import snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._events import transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import DictEntry, ListEntry, ObjectEntry, ShardedTensorEntry, TensorEntry
+from snapshotkit._format.entries import DictEntry, ListEntry, pieces_of
 from snapshotkit._format.foreign import SOURCE_FORMATS
 from snapshotkit.convert._detect import detect
 from snapshotkit.convert._from_dcp import read_dcp
@@ -230,14 +230,7 @@ def _contents(metadata: SnapshotMetadata) -> tuple[tuple[str, ...], int]:
         if isinstance(entry, (DictEntry, ListEntry)):
             continue
         paths.append(name.partition("/")[2])
-        found = []
-        if isinstance(entry, TensorEntry):
-            found = list(entry.pieces)
-        elif isinstance(entry, ObjectEntry):
-            found = [entry.piece]
-        elif isinstance(entry, ShardedTensorEntry):
-            found = [piece for shard in entry.shards for piece in shard.pieces]
-        for piece in found:
+        for piece in pieces_of(entry):
             pieces[(piece.address, piece.byte_range)] = piece.byte_range[1] - piece.byte_range[0]
     return tuple(paths), sum(pieces.values())
 

@@ -449,7 +449,7 @@ class StoragePluginConformance(ListingCases):
     def test_incremental_snapshot_beside_its_base(self, root: str) -> None:
         torch = pytest.importorskip("torch")
         from snapshotkit import Snapshot, StateDict
-        from snapshotkit._format.pieces import pieces_of
+        from snapshotkit._format.entries import pieces_of
 
         base_uri, uri = self.incremental_uris(root)
         frozen = torch.randn(256, 256, generator=torch.Generator().manual_seed(1))  # 256 KiB: referenced

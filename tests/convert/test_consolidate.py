@@ -17,7 +17,7 @@ from _snapshots import assert_nothing_committed, files_of, flip_byte
 
 from snapshotkit import Snapshot
 from snapshotkit._format.checksum import content_hash
-from snapshotkit._format.pieces import pieces_of
+from snapshotkit._format.entries import pieces_of
 from snapshotkit.convert import consolidate_snapshot, export_snapshot
 from snapshotkit.errors import BaseSnapshotError, ChecksumMismatchError, SnapshotExistsError
 from snapshotkit.manifest import SnapshotMetadata

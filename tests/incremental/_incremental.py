@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from snapshotkit import Snapshot
-from snapshotkit._format.pieces import Piece, pieces_of
+from snapshotkit._format.entries import pieces_of
+from snapshotkit._format.pieces import Piece
 
 #: Small sizes, so that tensors of a few dozen KiB are several pieces, most of them referencable.
 CHUNK_BYTES = 16 * 1024
