@@ -169,12 +169,17 @@ class SnapshotMetadata:
         head["snapshot_id"], head["bases"] = decode_bases(document, version)
         raw_manifest = _field("<header>", document, "manifest", dict)
         manifest: dict[str, Entry] = {}
+        ranks_seen: set[str] = set()  # a manifest has many keys and few ranks: check each rank once
         for key, raw in raw_manifest.items():
             rank, slash, _ = key.partition("/") if isinstance(key, str) else ("", "", "")
-            if not slash or _RANK_TEXT.fullmatch(rank) is None or int(rank) >= head["world_size"]:
+            if not slash or (
+                rank not in ranks_seen
+                and (_RANK_TEXT.fullmatch(rank) is None or int(rank) >= head["world_size"])
+            ):
                 raise ManifestError(
                     f"manifest key {key!r} is not '<rank>/<logical path>' with rank < world_size {head['world_size']}"
                 )
+            ranks_seen.add(rank)
             entry = decode_entry(key, raw)
             if _KIND_SINCE.get(entry.kind, 1) > version:
                 raise _fail(
@@ -192,7 +197,10 @@ class SnapshotMetadata:
 
 def _check_pieces(key: str, entry: Entry, version: int, bases: dict[str, str]) -> None:
     """Hashes and base references only from version 4; a reference names a base of the header."""
-    for piece in pieces_of(entry):
+    pieces = entry.pieces if isinstance(entry, TensorEntry) else pieces_of(entry)
+    if version >= BASES_SINCE and all(piece.base is None for piece in pieces):
+        return  # the usual case, checked in one pass
+    for piece in pieces:
         if version < BASES_SINCE and (piece.hash is not None or piece.base is not None):
             raise _fail(
                 key, f"a piece has a hash or base, which need format version {BASES_SINCE}; the manifest says {version}"
@@ -205,7 +213,7 @@ def _check_pieces(key: str, entry: Entry, version: int, bases: dict[str, str]) -
 
 def _check_tensor(key: str, entry: TensorEntry | ShardedTensorEntry) -> None:
     """Dtype, shape and byte counts of a tensor entry agree before any byte is read or allocated."""
-    if DTYPE_NAME.fullmatch(entry.dtype) is None:
+    if entry.dtype not in RAW_ITEMSIZE and DTYPE_NAME.fullmatch(entry.dtype) is None:
         raise _fail(key, f"dtype {entry.dtype!r} is not a torch dtype name")
     numel = extent = 1
     for dim in entry.shape:
@@ -224,6 +232,14 @@ def _check_tensor(key: str, entry: TensorEntry | ShardedTensorEntry) -> None:
             "the manifest is corrupt or crafted",
         )
     if isinstance(entry, TensorEntry):
+        if len(entry.pieces) == 1:  # the usual case: a whole number of elements once it holds them all
+            if entry.pieces[0].nbytes != numel * itemsize:
+                raise _fail(
+                    key,
+                    f"pieces hold {entry.pieces[0].nbytes} bytes but {numel} element(s) of dtype {entry.dtype} "
+                    f"need {numel * itemsize}",
+                )
+            return
         blocks = [(numel, itemsize, entry.pieces)]
     else:
         blocks = [

@@ -111,17 +111,31 @@ class TensorEntry(names.TensorNames):
 
     @classmethod
     def from_json(cls, key: str, raw: dict[str, Any]) -> TensorEntry:
-        dtype = _field(key, raw, "dtype", str)
-        shape = _field(key, raw, "shape", list)
-        if not all(type(dim) is int and dim >= 0 for dim in shape):
-            raise _fail(key, f"shape {shape!r} is not a list of non-negative integers")
-        serializer = _field(key, raw, "serializer", str)
-        if serializer not in ("raw", "torch_save"):
+        # Manifests hold many tensors: the usual types pass with one check each; anything else
+        # goes through _field, which names what is wrong.
+        dtype = raw.get("dtype")
+        if type(dtype) is not str:
+            dtype = _field(key, raw, "dtype", str)
+        shape = raw.get("shape")
+        if type(shape) is not list:
+            shape = _field(key, raw, "shape", list)
+        for dim in shape:
+            if type(dim) is not int or dim < 0:
+                raise _fail(key, f"shape {shape!r} is not a list of non-negative integers")
+        serializer = raw.get("serializer")
+        if serializer != "raw" and serializer != "torch_save":
+            serializer = _field(key, raw, "serializer", str)
             raise _fail(key, f"serializer {serializer!r} is not 'raw' or 'torch_save'")
-        pieces = tuple(Piece.from_json(key, p) for p in _field(key, raw, "pieces", list))
+        raw_pieces = raw.get("pieces")
+        if type(raw_pieces) is not list:
+            raw_pieces = _field(key, raw, "pieces", list)
+        pieces = tuple([Piece.from_json(key, p) for p in raw_pieces])
         if serializer == "torch_save" and len(pieces) != 1:
             raise _fail(key, "a torch_save tensor must have exactly one piece")
-        return cls(dtype, tuple(shape), serializer, pieces, _field(key, raw, "replicated", bool, False))
+        replicated = raw.get("replicated", False)
+        if type(replicated) is not bool:
+            replicated = _field(key, raw, "replicated", bool, False)
+        return cls(dtype, tuple(shape), serializer, pieces, replicated)
 
 
 @dataclasses.dataclass(frozen=True)
