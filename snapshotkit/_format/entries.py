@@ -81,11 +81,17 @@ class TensorEntry(names.TensorNames):
     pieces: tuple[Piece, ...]
     replicated: bool = False
 
-    @functools.cached_property
+    # Plain properties, not cached: a restore of many small tensors asks each entry once, and
+    # functools.cached_property costs more than the sum over a piece or two.
+    @property
     def nbytes(self) -> int:
-        return sum(piece.nbytes for piece in self.pieces)
+        pieces = self.pieces
+        if len(pieces) == 1:
+            start, end = pieces[0].byte_range
+            return end - start
+        return sum(piece.nbytes for piece in pieces)
 
-    @functools.cached_property
+    @property
     def numel(self) -> int:
         return math.prod(self.shape)
 

@@ -157,12 +157,18 @@ class LeafLoader:
 
         dtype = dtype_from_name(entry.dtype)
         itemsize = dtype.itemsize
-        if entry.nbytes != entry.numel * itemsize:
+        nbytes = entry.nbytes
+        if nbytes != math.prod(entry.shape) * itemsize:
             raise ManifestError(
-                f"{logical_path!r}: pieces hold {entry.nbytes} bytes but dtype {entry.dtype} shape "
+                f"{logical_path!r}: pieces hold {nbytes} bytes but dtype {entry.dtype} shape "
                 f"{list(entry.shape)} needs {entry.numel * itemsize}"
             )
-        first = tuple([(piece.address, piece.byte_range) for piece in entry.pieces]) or None
+        pieces = entry.pieces
+        if len(pieces) == 1:
+            piece = pieces[0]
+            first: tuple[Any, ...] | None = ((piece.address, piece.byte_range),)
+        else:
+            first = tuple([(piece.address, piece.byte_range) for piece in pieces]) or None
         if in_place:
             target: torch.Tensor = destination.detach()
             key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
