@@ -89,6 +89,10 @@ class Config:
         min_reference_bytes: an incremental take references a base's piece instead of writing
             it only if the piece holds at least this many bytes; smaller pieces are always
             written (their reference would cost about as much as the bytes, and a read).
+        share_replicated_reads: on a restore by several ranks of a gloo group, read each piece
+            every rank wants (replicated state) on one rank and broadcast it to the others,
+            instead of every rank reading it from storage; turn off where storage is faster
+            than the network between ranks (takes effect only if every rank leaves it on).
     """
 
     memory_budget_bytes: int
@@ -99,6 +103,7 @@ class Config:
     collective_timeout_seconds: float = 1800.0
     background_niceness: int = 19
     min_reference_bytes: int = 64 * 1024
+    share_replicated_reads: bool = True
 
     def __post_init__(self) -> None:
         positive = ("memory_budget_bytes", "chunk_bytes", "data_object_bytes", "io_concurrency", "min_reference_bytes")
@@ -119,6 +124,7 @@ class Config:
         *,
         memory_budget_bytes: int | None = None,
         verify_checksums: bool | None = None,
+        share_replicated_reads: bool | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> Config:
         """Build the config for one call: arguments win over the environment, which wins over defaults."""
@@ -131,6 +137,8 @@ class Config:
             budget = default_memory_budget_bytes(_env_int(env, "LOCAL_WORLD_SIZE") or 1)
         if verify_checksums is None:
             verify_checksums = _env_bool(env, "SNAPSHOTKIT_VERIFY_CHECKSUMS", default=True)
+        if share_replicated_reads is None:
+            share_replicated_reads = _env_bool(env, "SNAPSHOTKIT_SHARE_REPLICATED_READS", default=True)
         fields: dict[str, int] = {}
         for field, var in (
             ("chunk_bytes", "SNAPSHOTKIT_CHUNK_BYTES"),
@@ -144,7 +152,12 @@ class Config:
         niceness = _env_int(env, "SNAPSHOTKIT_BACKGROUND_NICENESS", minimum=0, maximum=19)
         if niceness is not None:
             fields["background_niceness"] = niceness
-        config = cls(memory_budget_bytes=budget, verify_checksums=verify_checksums, **fields)
+        config = cls(
+            memory_budget_bytes=budget,
+            verify_checksums=verify_checksums,
+            share_replicated_reads=share_replicated_reads,
+            **fields,
+        )
         timeout = _env_float(env, "SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS")
         return config if timeout is None else dataclasses.replace(config, collective_timeout_seconds=timeout)
 

@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import pickle
 import traceback
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from snapshotkit.errors import CollectiveTimeoutError, ConfigError, RankFailedError
@@ -124,6 +125,29 @@ class Group:
         value = torch.tensor([int(bool(flag))], dtype=torch.int32, device=self._device())
         self._wait(dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.pg, async_op=True), what)
         return bool(value.item())
+
+    def broadcasts_cpu(self) -> bool:
+        """Whether this group's collectives carry CPU tensors (gloo), as :meth:`broadcast_into` needs."""
+        import torch.distributed as dist
+
+        return self.distributed and dist.get_backend(self.pg) == "gloo"
+
+    def broadcast_into(self, buffers: Sequence[tuple[memoryview, int]], what: str) -> None:
+        """Fill each writable ``(buffer, source rank)`` with that rank's bytes, in order, on every rank.
+
+        Every rank must pass buffers of the same sizes and sources in the same order (CPU memory;
+        see :meth:`broadcasts_cpu`). All are started, then awaited, so gloo pipelines them.
+        """
+        import torch
+        import torch.distributed as dist
+
+        tensors = [torch.frombuffer(buffer, dtype=torch.uint8) for buffer, _ in buffers]
+        works = [
+            dist.broadcast(tensor, group_src=src, group=self.pg, async_op=True)
+            for tensor, (_, src) in zip(tensors, buffers, strict=True)
+        ]
+        for work in works:
+            self._wait(work, what)
 
     # ------------------------------------------------------------------ the exchange
 

@@ -63,6 +63,9 @@ class Event:
         referenced_bytes: for ``take_committed`` of an incremental take, the bytes of pieces this
             rank referenced in base snapshots instead of writing them (``nbytes`` is then what
             it wrote); 0 for a full take.
+        received_bytes: for ``restore_finished``, the bytes this rank received from other ranks
+            instead of reading them from storage (replicated pieces another rank read once for
+            the group; ``nbytes`` is then what it read itself); 0 when nothing was shared.
     """
 
     kind: EventKind
@@ -73,6 +76,7 @@ class Event:
     seconds: float | None = None
     error: BaseException | None = None
     referenced_bytes: int | None = None
+    received_bytes: int | None = None
 
 
 class _Current(enum.Enum):
@@ -146,6 +150,7 @@ def emit(
     error: BaseException | None = None,
     step: int | _Current | None = CURRENT_STEP,
     referenced_bytes: int | None = None,
+    received_bytes: int | None = None,
 ) -> None:
     """Deliver an :class:`Event` to every subscriber; nothing at all when there is none.
 
@@ -165,6 +170,7 @@ def emit(
         seconds=seconds,
         error=error,
         referenced_bytes=referenced_bytes,
+        received_bytes=received_bytes,
     )
     for _, callback in subscribers:
         try:

@@ -4,9 +4,11 @@ manifest (:func:`load_metadata`)  ->  plan reads for the leaves wanted (:mod:`.p
 ->  fetch byte ranges under the budget (:mod:`.fetch`)  ->  place into the destinations
 ->  ``load_state_dict()`` (RNG last)
 
-A successful :func:`restore` reports itself on each rank: a ``restore_finished`` event
-(:mod:`snapshotkit._events`) with the bytes this rank read, and an INFO line on logger
-``snapshotkit.restore``. :func:`read_object` reports nothing: it is a lookup, often one of many.
+On several ranks of a gloo group, the pieces every rank wants (replicated state) are read once
+and broadcast (:mod:`.share`). A successful :func:`restore` reports itself on each rank: a
+``restore_finished`` event (:mod:`snapshotkit._events`) with the bytes this rank read from
+storage and received from other ranks, and an INFO line on logger ``snapshotkit.restore``.
+:func:`read_object` reports nothing: it is a lookup, often one of many.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from snapshotkit._app_state import validate_app_state
 from snapshotkit._config import Config
 from snapshotkit._dist import Group
-from snapshotkit._events import emit, transfer_summary
+from snapshotkit._events import emit, format_bytes, transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME, Entry, ShardedTensorEntry, TensorEntry
 from snapshotkit._format.sharded import destination_boxes
@@ -38,6 +40,7 @@ from snapshotkit._restore.plan import (
     rank_view,
     subtree,
 )
+from snapshotkit._restore.share import ShareSession, Transfer, open_session
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._runtime.gc import gc_paused
@@ -142,9 +145,9 @@ def restore(
     every rank raises (nobody trains on from a half-restored state). Returns this rank's report."""
     started_s = time.perf_counter()
     error: BaseException | None = None
-    report, nbytes = RestoreReport(), 0
+    report, moved = RestoreReport(), Transfer()
     try:
-        report, nbytes = _restore_rank(metadata, app_state, path, open_plugin, group.rank, config, strict, weights_only)
+        report, moved = _restore_rank(metadata, app_state, path, open_plugin, group, config, strict, weights_only)
     except Exception as exc:
         error = exc
     try:
@@ -153,8 +156,10 @@ def restore(
         error = None  # this frame is in the error's traceback: no reference cycle through it
     seconds = time.perf_counter() - started_s
     where = f"rank {group.rank} of {group.world_size}"
-    logger.info("restored snapshot %s: %s, %s", path, transfer_summary(nbytes, seconds), where)
-    emit("restore_finished", path=path, rank=group.rank, nbytes=nbytes, seconds=seconds)
+    nbytes, received = moved.read_bytes, moved.received_bytes
+    shared = f", {format_bytes(received)} received from other ranks" if received else ""
+    logger.info("restored snapshot %s: %s%s, %s", path, transfer_summary(nbytes, seconds), shared, where)
+    emit("restore_finished", path=path, rank=group.rank, nbytes=nbytes, seconds=seconds, received_bytes=received)
     return report
 
 
@@ -163,21 +168,26 @@ def _restore_rank(
     app_state: object,
     path: str,
     open_plugin: OpenPlugin,
-    rank: int,
+    group: Group,
     config: Config,
     strict: bool,
     weights_only: bool,
-) -> tuple[RestoreReport, int]:
-    """Restore this rank's state: its report, and the bytes read from storage."""
-    states_of = validate_app_state(app_state)
+) -> tuple[RestoreReport, Transfer]:
+    """Restore this rank's state: its report, and the bytes it read and received."""
+    session = open_session(group, config)
     try:
-        plan, nbytes = _plan_and_fetch(metadata, states_of, path, open_plugin, rank, config, strict, weights_only)
+        states_of = validate_app_state(app_state)
+        plan, moved = _plan_and_fetch(
+            metadata, states_of, path, open_plugin, group.rank, config, strict, weights_only, session
+        )
     except Exception as exc:
+        if session is not None:
+            session.abandon(exc)  # the other ranks wait for this one to agree on sharing: they raise there
         drop_frames(exc)  # the failed fetch's buffers and fresh tensors go now, not at the next collection
         raise
     for step in plan.steps:
         step()
-    return plan.report, nbytes
+    return plan.report, moved
 
 
 def _plan_and_fetch(
@@ -189,19 +199,45 @@ def _plan_and_fetch(
     config: Config,
     strict: bool,
     weights_only: bool,
-) -> tuple[RestorePlan, int]:
+    session: ShareSession | None,
+) -> tuple[RestorePlan, Transfer]:
     loader = LeafLoader(weights_only=weights_only)
+    view = rank_view(metadata, rank)
     with gc_paused():
         plan = plan_restore(
-            rank_view(metadata, rank),
+            view,
             states_of,
             strict=strict,
             loader=loader,
             snapshot_path=path,
             hint=lambda key: missing_key_hint(metadata, key, rank),
         )
-        nbytes = _fetch(open_plugin, path, loader, config)
-    return plan, nbytes
+        if session is None:
+            return plan, Transfer(_fetch(open_plugin, path, loader, config))
+        return plan, _fetch_shared(_open(open_plugin, path), loader, config, session, view)
+
+
+def _fetch_shared(
+    plugin: StoragePlugin, loader: LeafLoader, config: Config, session: ShareSession, view: dict[str, Entry]
+) -> Transfer:
+    """:func:`_read_and_close`, with the pieces every rank wants read once and shared (collectives
+    run on this thread, storage I/O on the loop)."""
+    try:
+        probed_bytes = run_sync(check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency))
+        loader.allocate()
+        shared, rest = session.share(plugin, loader.reads, view)
+        own_bytes = run_sync(
+            read_pieces(
+                plugin,
+                rest,
+                budget=MemoryBudget(config.memory_budget_bytes),
+                io_concurrency=config.io_concurrency,
+                verify=config.verify_checksums,
+            )
+        )
+        return Transfer(probed_bytes + shared.read_bytes + own_bytes, shared.received_bytes)
+    finally:
+        run_sync(plugin.close())
 
 
 def read_object(

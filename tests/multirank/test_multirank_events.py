@@ -27,7 +27,7 @@ def _record(rank: int, world: int, path: str) -> list[tuple[Any, ...]]:
         Snapshot.take(f"{path}/take", {"s": state}, replicated=["s/shared"])
         Snapshot.async_take(f"{path}/async", {"s": state}, replicated=["s/shared"]).wait()
         Snapshot(f"{path}/take").restore({"s": state})
-    return [(e.kind, e.path, e.rank, e.step, e.nbytes, e.error) for e in seen]
+    return [(e.kind, e.path, e.rank, e.step, e.nbytes, e.error, e.received_bytes) for e in seen]
 
 
 def _data_bytes(path: str, rank: int) -> int:
@@ -49,14 +49,17 @@ def test_each_rank_reports_its_own_events(tmp_path: Path) -> None:
         ]
         assert {r for _, _, r, *_ in seen} == {rank}
         assert {step for _, _, _, step, *_ in seen} == {5}
-        assert {error for *_, error in seen} == {None}
+        assert {error for *_, error, _ in seen} == {None}
         assert [p for _, p, *_ in seen] == [f"{path}/take"] * 3 + [f"{path}/async"] * 3 + [f"{path}/take"]
         # each rank's bytes are the data objects it wrote (the replicated tensor is written once)
         assert seen[1][4] == seen[2][4] == _data_bytes(f"{path}/take", rank) > 0
         assert seen[4][4] == seen[5][4] == _data_bytes(f"{path}/async", rank) > 0
-        # the restore reads this rank's tensor and the replicated one, wherever it was written
+        # the restore reads this rank's tensor; the replicated one is read by one rank, received by the other
         stored = _data_bytes(f"{path}/take", 0) + _data_bytes(f"{path}/take", 1)
-        assert seen[6][4] is not None and (50_000 + 30_000) * 4 <= seen[6][4] <= stored
+        read, received = seen[6][4], seen[6][6]
+        assert read is not None and received is not None and 50_000 * 4 <= read <= stored
+        assert read + received >= (50_000 + 30_000) * 4
+    assert sorted(seen[6][6] for seen in results) == [0, 30_000 * 4]
 
 
 def _fail_on_rank_1(rank: int, world: int, path: str) -> list[tuple[str, int, str, bool]]:
