@@ -10,6 +10,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Mapping
+from typing import Literal
 
 from snapshotkit.errors import ConfigError, InvalidArgumentError
 
@@ -91,8 +92,11 @@ class Config:
             written (their reference would cost about as much as the bytes, and a read).
         share_replicated_reads: on a restore by several ranks of a gloo group, read each piece
             every rank wants (replicated state) on one rank and broadcast it to the others,
-            instead of every rank reading it from storage; turn off where storage is faster
-            than the network between ranks (takes effect only if every rank leaves it on).
+            instead of every rank reading it from storage. ``"auto"`` (the default) shares
+            unless every rank is on one host and the store reads through that host's page cache
+            (a local file system: the cache already reads the bytes once); ``True`` always
+            shares; ``False`` never does, for clusters whose storage is faster than the network
+            between ranks. Sharing happens only if no rank turned it off.
     """
 
     memory_budget_bytes: int
@@ -103,7 +107,7 @@ class Config:
     collective_timeout_seconds: float = 1800.0
     background_niceness: int = 19
     min_reference_bytes: int = 64 * 1024
-    share_replicated_reads: bool = True
+    share_replicated_reads: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         positive = ("memory_budget_bytes", "chunk_bytes", "data_object_bytes", "io_concurrency", "min_reference_bytes")
@@ -117,6 +121,9 @@ class Config:
         niceness = self.background_niceness
         if isinstance(niceness, bool) or not isinstance(niceness, int) or not 0 <= niceness <= 19:
             raise ConfigError(f"background_niceness must be an integer from 0 to 19, got {niceness!r}")
+        share = self.share_replicated_reads
+        if share not in (True, False, "auto") or type(share) is int:
+            raise ConfigError(f"share_replicated_reads must be True, False or 'auto', got {share!r}")
 
     @classmethod
     def resolve(
@@ -124,7 +131,7 @@ class Config:
         *,
         memory_budget_bytes: int | None = None,
         verify_checksums: bool | None = None,
-        share_replicated_reads: bool | None = None,
+        share_replicated_reads: bool | Literal["auto"] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> Config:
         """Build the config for one call: arguments win over the environment, which wins over defaults."""
@@ -138,7 +145,10 @@ class Config:
         if verify_checksums is None:
             verify_checksums = _env_bool(env, "SNAPSHOTKIT_VERIFY_CHECKSUMS", default=True)
         if share_replicated_reads is None:
-            share_replicated_reads = _env_bool(env, "SNAPSHOTKIT_SHARE_REPLICATED_READS", default=True)
+            raw = env.get("SNAPSHOTKIT_SHARE_REPLICATED_READS", "").strip().lower()
+            share_replicated_reads = (
+                "auto" if raw in ("", "auto") else _env_bool(env, "SNAPSHOTKIT_SHARE_REPLICATED_READS", default=True)
+            )
         fields: dict[str, int] = {}
         for field, var in (
             ("chunk_bytes", "SNAPSHOTKIT_CHUNK_BYTES"),

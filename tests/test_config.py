@@ -119,3 +119,19 @@ def test_invalid_memory_budget_argument_raises_config_error(tmp_path: Path, budg
     with pytest.raises(ConfigError):
         Snapshot.take(str(tmp_path / "other"), make_app_state(), memory_budget_bytes=budget)
     assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [(None, "auto"), ("auto", "auto"), (" AUTO ", "auto"), ("1", True), ("off", False)]
+)
+def test_share_replicated_reads_from_the_environment(raw: str | None, expected: object) -> None:
+    environ = {} if raw is None else {"SNAPSHOTKIT_SHARE_REPLICATED_READS": raw}
+    assert Config.resolve(memory_budget_bytes=1 << 20, environ=environ).share_replicated_reads == expected
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+def test_share_replicated_reads_must_be_true_false_or_auto(value: object) -> None:
+    with pytest.raises(ConfigError, match="share_replicated_reads"):
+        Config(memory_budget_bytes=1 << 20, share_replicated_reads=value)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="SNAPSHOTKIT_SHARE_REPLICATED_READS"):
+        Config.resolve(memory_budget_bytes=1 << 20, environ={"SNAPSHOTKIT_SHARE_REPLICATED_READS": "sometimes"})

@@ -173,8 +173,7 @@ class SnapshotMetadata:
         for key, raw in raw_manifest.items():
             rank, slash, _ = key.partition("/") if isinstance(key, str) else ("", "", "")
             if not slash or (
-                rank not in ranks_seen
-                and (_RANK_TEXT.fullmatch(rank) is None or int(rank) >= head["world_size"])
+                rank not in ranks_seen and (_RANK_TEXT.fullmatch(rank) is None or int(rank) >= head["world_size"])
             ):
                 raise ManifestError(
                     f"manifest key {key!r} is not '<rank>/<logical path>' with rank < world_size {head['world_size']}"

@@ -1,8 +1,10 @@
 """Replicated reads, once per group: one rank reads each piece every rank wants, the rest receive it.
 
 Without this, N ranks restoring a replicated state each read all of it from storage (N x the
-bytes; on an object store N x the requests and egress). With it (the default on gloo groups;
-``SNAPSHOTKIT_SHARE_REPLICATED_READS=0`` opts out where storage is faster than the network):
+bytes; on an object store N x the requests and egress). With it (the default on gloo groups,
+unless every rank is on one host reading a file system through its page cache, which reads
+each byte once anyway; ``SNAPSHOTKIT_SHARE_REPLICATED_READS=1`` always shares, ``=0`` never,
+for storage faster than the network):
 
 1. *Agree.* Every rank offers whether it shares and a digest of the pieces of replicated and
    sharded entries it wants (one small all-gather, through :meth:`Group.exchange`, so a rank
@@ -32,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import socket
 from collections.abc import Mapping, Sequence
 
 from snapshotkit._config import Config
@@ -74,7 +77,8 @@ class Transfer:
 class _Offer:
     """One rank's opening of the agreement."""
 
-    enabled: bool
+    mode: bool | str
+    host: str
     digest: str
     count: int
 
@@ -130,7 +134,7 @@ class ShareSession:
     ) -> tuple[Transfer, list[PieceRead]]:
         """Fetch the pieces every rank wants, each read by one rank; the reads left to this rank alone."""
         wanted = self._candidates(reads, view)
-        pieces = self._agree(wanted)
+        pieces = self._agree(wanted, page_cached=plugin.capabilities.host_page_cache)
         if not pieces:
             return Transfer(), list(reads)
         shared = {id(read) for piece in pieces for read in wanted[piece]}
@@ -162,15 +166,19 @@ class ShareSession:
             if piece.nbytes <= threshold or any(read.direct is not None for read in found)
         }
 
-    def _agree(self, wanted: Mapping[Piece, list[PieceRead]]) -> list[Piece]:
+    def _agree(self, wanted: Mapping[Piece, list[PieceRead]], *, page_cached: bool) -> list[Piece]:
         self._agreed = True
         pieces = sorted(wanted, key=_order)
         digest = hashlib.sha256()
         for piece in pieces:
             digest.update(repr(_order(piece)).encode())
-        offer = _Offer(self.config.share_replicated_reads, digest.hexdigest(), len(pieces))
+        offer = _Offer(self.config.share_replicated_reads, socket.gethostname(), digest.hexdigest(), len(pieces))
         offers: list[_Offer] = self.group.exchange(offer, None, _AGREE)
-        if not all(o.enabled for o in offers):
+        if any(o.mode is False for o in offers):
+            return []
+        if page_cached and all(o.mode == "auto" for o in offers) and len({o.host for o in offers}) == 1:
+            # One host, one page cache: the store reads each byte once however many ranks ask.
+            logger.debug("replicated reads are not shared: every rank reads through one host's page cache")
             return []
         if all(o.digest == offer.digest and o.count == offer.count for o in offers):
             return pieces

@@ -44,6 +44,9 @@ class Capabilities:
             attempts never multiply (GCS: gcsfs retries).
         directories: the store has real directories, which can exist empty (a file system):
             ``list_dirs`` names empty ones too and ``remove_empty_dirs`` removes them.
+        host_page_cache: reads are served through this host's kernel page cache (a file
+            system): ranks on one host reading the same bytes cost the store one read, so a
+            restore does not share replicated reads among them by default.
     """
 
     atomic_exclusive_write: bool = False
@@ -51,6 +54,7 @@ class Capabilities:
     zero_copy_read_into: bool = False
     own_retries: bool = False
     directories: bool = False
+    host_page_cache: bool = False
 
 
 def as_buffers(data: Buffer | Sequence[Buffer]) -> list[memoryview]:

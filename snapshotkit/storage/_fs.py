@@ -124,7 +124,9 @@ def _opened_path(fd: int) -> str | None:
 class FSStoragePlugin(StoragePlugin):
     """Snapshot objects as files below a root directory."""
 
-    capabilities = Capabilities(atomic_exclusive_write=True, listing=True, zero_copy_read_into=True, directories=True)
+    capabilities = Capabilities(
+        atomic_exclusive_write=True, listing=True, zero_copy_read_into=True, directories=True, host_page_cache=True
+    )
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)

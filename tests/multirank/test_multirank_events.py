@@ -54,12 +54,11 @@ def test_each_rank_reports_its_own_events(tmp_path: Path) -> None:
         # each rank's bytes are the data objects it wrote (the replicated tensor is written once)
         assert seen[1][4] == seen[2][4] == _data_bytes(f"{path}/take", rank) > 0
         assert seen[4][4] == seen[5][4] == _data_bytes(f"{path}/async", rank) > 0
-        # the restore reads this rank's tensor; the replicated one is read by one rank, received by the other
+        # the restore reads this rank's tensor and the replicated one, wherever it was written (one
+        # host reading a local file system: replicated reads are not shared by default)
         stored = _data_bytes(f"{path}/take", 0) + _data_bytes(f"{path}/take", 1)
-        read, received = seen[6][4], seen[6][6]
-        assert read is not None and received is not None and 50_000 * 4 <= read <= stored
-        assert read + received >= (50_000 + 30_000) * 4
-    assert sorted(seen[6][6] for seen in results) == [0, 30_000 * 4]
+        assert seen[6][4] is not None and (50_000 + 30_000) * 4 <= seen[6][4] <= stored
+        assert seen[6][6] == 0
 
 
 def _fail_on_rank_1(rank: int, world: int, path: str) -> list[tuple[str, int, str, bool]]:
