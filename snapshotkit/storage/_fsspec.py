@@ -253,6 +253,21 @@ class FsspecStoragePlugin(StoragePlugin):
         return None
 
 
+def span(buffers: Sequence[memoryview], start: int, end: int) -> memoryview | bytes:
+    """Bytes ``[start, end)`` of the concatenation of ``buffers``: a view when one buffer holds
+    them all (an upload's part or chunk is then never copied), else one copy."""
+    pieces = []
+    offset = 0
+    for buffer in buffers:
+        low, high = max(start, offset), min(end, offset + buffer.nbytes)
+        if low < high:
+            pieces.append(buffer[low - offset : high - offset])
+        offset += buffer.nbytes
+        if offset >= end:
+            break
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
 def _exactly(location: str, data: bytes, start: int, end: int) -> bytes:
     """``data``, the read of ``[start, end)``, if it is that long; a short read is an EOFError."""
     if len(data) != end - start:

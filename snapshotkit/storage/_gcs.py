@@ -2,8 +2,9 @@
 
 It speaks gcsfs's synchronous API on the snapshotkit thread pool (gcsfs runs its own I/O loop,
 so this works whichever event loop awaits the plugin). Objects no larger than the block size
-go up in one request; larger ones stream the caller's buffers, in order and without joining
-them, into a resumable upload of ``block_size`` chunks. Ranged reads use absolute offsets
+go up in one request; larger ones as a resumable upload of ``block_size`` chunks, each chunk a
+view of the caller's buffers (copied only where it spans two of them). A failed chunk cancels
+the upload session, so nothing half-written becomes visible. Ranged reads use absolute offsets
 (never suffix ranges, which some emulators ignore).
 
 ``storage_options`` go to :class:`gcsfs.GCSFileSystem` unchanged (``project``, ``token``,
@@ -21,13 +22,14 @@ exists, atomically, so ``capabilities.atomic_exclusive_write`` is True.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from snapshotkit.errors import BucketNotFoundError, StorageError, StoragePermissionError
 from snapshotkit.storage._base import Capabilities, as_buffers
-from snapshotkit.storage._fsspec import FsspecStoragePlugin
+from snapshotkit.storage._fsspec import FsspecStoragePlugin, span
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import gcsfs
+import gcsfs.core
+from fsspec.asyn import sync
 
 #: Default upload chunk: objects up to this size are one request, larger ones a resumable upload
 #: in chunks of this size. GCS needs a multiple of 256 KiB. Override with ``block_size``.
@@ -104,15 +108,28 @@ class GCSStoragePlugin(FsspecStoragePlugin):
             if total <= self.block_size:
                 # One request; gcsfs builds the multipart body with one copy either way.
                 data: bytes | memoryview = buffers[0] if len(buffers) == 1 else b"".join(buffers)
-                self._fs.pipe_file(path, data)
+                self._fs.pipe_file(path, data, chunksize=total + 1)  # below chunksize: one request
             else:
-                with self._fs.open(path, "wb", block_size=self.block_size) as f:
-                    for buffer in buffers:
-                        f.write(buffer)
+                sync(self._fs.loop, self._resumable, path, buffers, total)
         except FileNotFoundError:  # an upload can only miss its bucket
             raise self._missing(location) from None
         finally:
             self._fs.invalidate_cache(path)
+
+    async def _resumable(self, path: str, buffers: list[memoryview], total: int) -> None:
+        """A resumable upload of ``buffers`` in ``block_size`` chunks (on gcsfs's loop).
+
+        gcsfs's own file object would copy every byte twice (into its buffer, then out of it)."""
+        bucket, key, _ = self._fs.split_path(path)
+        session = await gcsfs.core.initiate_upload(self._fs, bucket, key)
+        try:
+            for start in range(0, total, self.block_size):
+                chunk = span(buffers, start, min(start + self.block_size, total))
+                await gcsfs.core.upload_chunk(self._fs, session, chunk, start, total, "application/octet-stream")
+        except BaseException:
+            with contextlib.suppress(Exception):  # best effort: the original error matters more
+                await self._fs._call("DELETE", session)  # cancel the session: no object appears
+            raise
 
     def _write_exclusive_blocking(self, location: str, buffers: list[memoryview]) -> None:
         path = self._path(location)

@@ -12,6 +12,15 @@ Storage options are passed to :class:`s3fs.S3FileSystem` (``endpoint_url``, ``ke
 
 * ``part_size_bytes`` (default 16 MiB, at least 5 MiB): multipart threshold and part size.
 * ``max_concurrency`` (default 4): parts of one object uploaded at once.
+* ``upload_checksum`` (default ``"crc32c"``): every ``PutObject`` and ``UploadPart`` carries
+  the CRC-32C of its body, computed by snapshotkit with the CPU's CRC instruction on its own
+  threads, and the server refuses a body that arrived different (``BadDigest``, retried).
+  ``"botocore"`` leaves the request checksum to botocore's ``request_checksum_calculation``
+  setting (CRC-32 in software, on s3fs's one I/O thread), for servers without CRC-32C.
+
+Each part is copied once into ``bytes`` (botocore takes no memoryviews, and hands bytes to
+aiohttp as a file object read in 64 KiB pieces); measured against SeaweedFS, sending views
+instead changed neither the client's CPU time nor the wall time.
 
 Retries are snapshotkit's one retry layer's (:mod:`snapshotkit.storage._retry_layer`, under the
 ``retry`` storage option), which retries whole operations; :meth:`S3StoragePlugin.is_transient`
@@ -35,16 +44,19 @@ writes, commit marker, listing and batched ``delete_prefix``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import errno
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import crc32c
+
 from snapshotkit._runtime.loop import to_thread
 from snapshotkit.errors import BucketNotFoundError, ConfigError, StorageError, StoragePermissionError
 from snapshotkit.storage._base import Capabilities, as_buffers
-from snapshotkit.storage._fsspec import FsspecStoragePlugin
+from snapshotkit.storage._fsspec import FsspecStoragePlugin, span
 from snapshotkit.storage._retry import is_transient_error
 
 if TYPE_CHECKING:
@@ -54,6 +66,8 @@ DEFAULT_PART_SIZE_BYTES = 16 * 1024 * 1024
 MIN_PART_SIZE_BYTES = 5 * 1024 * 1024  # S3 rejects smaller parts (except the last)
 MAX_PARTS = 10_000
 DEFAULT_MAX_CONCURRENCY = 4
+#: Values of the ``upload_checksum`` storage option.
+UPLOAD_CHECKSUMS = ("crc32c", "botocore")
 
 T = TypeVar("T")
 
@@ -75,6 +89,8 @@ TRANSIENT_CODES = frozenset(
         "RequestTimeoutException",
         "PriorRequestNotComplete",
         "OperationAborted",
+        "BadDigest",  # the body's checksum did not match: damaged on the way, send it again
+        "XAmzContentChecksumMismatch",
     }
 )
 #: S3 error codes of refused credentials or permissions.
@@ -117,18 +133,9 @@ def is_transient(exc: BaseException) -> bool:
     return _error_code(exc) in TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429))
 
 
-def _join(buffers: list[memoryview], start: int, end: int) -> bytes:
-    """Bytes ``[start, end)`` of the concatenation of ``buffers`` (one copy)."""
-    pieces = []
-    offset = 0
-    for buffer in buffers:
-        low, high = max(start, offset), min(end, offset + buffer.nbytes)
-        if low < high:
-            pieces.append(buffer[low - offset : high - offset])
-        offset += buffer.nbytes
-        if offset >= end:
-            break
-    return b"".join(pieces)
+def _crc32c_header(body: bytes) -> str:
+    """S3's ``x-amz-checksum-crc32c`` value of ``body``: the big-endian CRC, base64."""
+    return base64.b64encode(crc32c.crc32c(body).to_bytes(4, "big")).decode("ascii")
 
 
 @functools.cache
@@ -158,6 +165,9 @@ class S3StoragePlugin(FsspecStoragePlugin):
             raise ConfigError(f"part_size_bytes must be at least {MIN_PART_SIZE_BYTES} (S3's minimum part size)")
         if self.max_concurrency < 1:
             raise ConfigError("max_concurrency must be at least 1")
+        self.upload_checksum = str(options.pop("upload_checksum", UPLOAD_CHECKSUMS[0]))
+        if self.upload_checksum not in UPLOAD_CHECKSUMS:
+            raise ConfigError(f"upload_checksum must be one of {UPLOAD_CHECKSUMS}, got {self.upload_checksum!r}")
         options.pop("retry", None)  # the retry layer's option (gone already when opened by URI)
         # No listing cache: another writer (or this plugin's own low-level calls) would make it stale.
         options.setdefault("use_listings_cache", False)
@@ -246,13 +256,17 @@ class S3StoragePlugin(FsspecStoragePlugin):
 
     # ----------------------------------------------------------------- write
 
+    def _checksum(self, body: bytes) -> dict[str, str]:
+        """The checksum arguments of a request that sends ``body``."""
+        return {"ChecksumCRC32C": _crc32c_header(body)} if self.upload_checksum == "crc32c" else {}
+
     def _put_blocking(self, location: str, buffers: list[memoryview], exclusive: bool) -> None:
-        body = _join(buffers, 0, sum(b.nbytes for b in buffers))
+        body = bytes(span(buffers, 0, sum(b.nbytes for b in buffers)))
         if not exclusive:
-            self._call("put_object", location, Body=body)
+            self._call("put_object", location, Body=body, **self._checksum(body))
             return
         try:
-            self._call("put_object", location, Body=body, IfNoneMatch="*")
+            self._call("put_object", location, Body=body, IfNoneMatch="*", **self._checksum(body))
         except OSError as exc:
             refused = isinstance(exc, FileExistsError) or _error_code(exc) in {
                 "PreconditionFailed",
@@ -271,14 +285,16 @@ class S3StoragePlugin(FsspecStoragePlugin):
 
     async def _multipart(self, location: str, buffers: list[memoryview], total: int) -> None:
         part_size = max(self.part_size_bytes, -(-total // MAX_PARTS))
-        created = await to_thread(lambda: self._call("create_multipart_upload", location))
+        algorithm = {"ChecksumAlgorithm": "CRC32C"} if self.upload_checksum == "crc32c" else {}
+        created = await to_thread(lambda: self._call("create_multipart_upload", location, **algorithm))
         upload_id = created["UploadId"]
         semaphore = asyncio.Semaphore(self.max_concurrency)
 
         def upload(number: int, start: int, end: int) -> dict[str, Any]:
-            body = _join(buffers, start, end)
-            response = self._call("upload_part", location, UploadId=upload_id, PartNumber=number, Body=body)
-            return {"PartNumber": number, "ETag": response["ETag"]}
+            body = bytes(span(buffers, start, end))
+            checksum = self._checksum(body)  # on this pool thread, beside the other parts
+            response = self._call("upload_part", location, UploadId=upload_id, PartNumber=number, Body=body, **checksum)
+            return {"PartNumber": number, "ETag": response["ETag"], **checksum}
 
         async def bounded(number: int, start: int) -> dict[str, Any]:
             async with semaphore:

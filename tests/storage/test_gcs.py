@@ -102,3 +102,36 @@ def test_rejects_bad_block_size_and_missing_bucket() -> None:
         GCSStoragePlugin("bucket/prefix", {"block_size": 1000, "token": "anon"})
     with pytest.raises(StorageError, match="bucket"):
         GCSStoragePlugin("/", {"token": "anon"})
+
+
+def test_a_failed_chunk_leaves_no_object(fake_gcs_endpoint: str, gcs_bucket: str) -> None:
+    """A resumable upload whose chunk is refused raises, cancels its session, and no object appears."""
+    import asyncio
+
+    from snapshotkit.testing import FaultInjectingProxy
+
+    root = f"{gcs_bucket}/{uuid.uuid4().hex}"
+    block = 4 * 1024 * 1024
+    payload = bytes(range(256)) * (3 * block // 256 - 3)  # three chunks, the last one short
+    view = memoryview(payload)
+    with FaultInjectingProxy(fake_gcs_endpoint) as proxy:
+        options = {"project": "test", "token": "anon", "endpoint_url": proxy.url, "block_size": block}
+        plugin = GCSStoragePlugin(root, {**options, "skip_instance_cache": True})
+        # The session starts; its first chunk is refused (a 400, which gcsfs does not retry).
+        proxy.inject(400, pattern=r"^POST .*upload_id", body=b"{}", content_type="application/json")
+
+        async def scenario() -> None:
+            try:
+                await plugin.write("obj", [view[:1000], view[1000:]])
+            finally:
+                await plugin.close()
+
+        with pytest.raises(Exception):  # gcsfs raises its own HttpError or OSError
+            asyncio.run(scenario())
+        outcomes = [(r.method, r.outcome) for r in proxy.requests if "upload_id" in r.path]
+    assert outcomes[0] == ("POST", "fault 400"), outcomes
+    assert outcomes[-1][0] == "DELETE", outcomes  # the session was cancelled
+    name = urllib.parse.quote(f"{root.split('/', 1)[1]}/obj", safe="")
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        _request("GET", f"{fake_gcs_endpoint}/storage/v1/b/{gcs_bucket}/o/{name}?alt=media")
+    assert missing.value.code == 404
