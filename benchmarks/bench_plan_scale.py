@@ -46,6 +46,7 @@ from _harness import Record, cli
 from _harness import measure as M
 from _harness import report as R
 
+from snapshotkit._format.box_index import BoxIndex
 from snapshotkit._format.entries import ShardedTensorEntry, TensorEntry
 from snapshotkit._format.pieces import Piece
 from snapshotkit._format.sharded import Box, overlap, piece_boxes
@@ -315,17 +316,24 @@ def part_merge(world: World, decision: Decision) -> tuple[Record, dict[str, Any]
     return {"results_built_s": built["time_s"], **merging, "manifest_entries": len(manifest)}, manifest
 
 
-def plan_reads(manifest: dict[str, Any], targets: dict[str, list[Box]], itemsize: dict[str, int]) -> list[Any]:
+def plan_reads(
+    manifest: dict[str, Any], targets: dict[str, list[Box]], itemsize: dict[str, int], *, indexed: bool = True
+) -> list[Any]:
     """The ranged reads one new rank issues for its destination boxes, as the restore's placer
-    finds them: every stored shard overlapping a box, then every piece of it that does."""
+    finds them: every stored shard overlapping a box (through a ``BoxIndex`` of the entry's
+    shards, or, with ``indexed=False``, checking every shard against every box as the placer did
+    before the index), then every piece of it that does."""
     requests: list[RangeRequest] = []
     for path, boxes in targets.items():
         entry = manifest[f"0/{path}"]
         assert isinstance(entry, ShardedTensorEntry)
-        for shard in entry.shards:
+        if indexed:
+            index = BoxIndex(entry.shards)
+            shards = [entry.shards[i] for i in sorted({i for box in boxes for i in index.overlapping(box)})]
+        else:
+            shards = [s for s in entry.shards if any(overlap(Box(s.offsets, s.sizes), box) for box in boxes)]
+        for shard in shards:
             shard_box = Box(shard.offsets, shard.sizes)
-            if not any(overlap(shard_box, box) for box in boxes):
-                continue
             sizes = [piece.nbytes for piece in shard.pieces]
             for piece, box in zip(shard.pieces, piece_boxes(shard_box, sizes, itemsize[path]), strict=True):
                 if any(overlap(box, target) for target in boxes):
@@ -343,15 +351,28 @@ def part_reshard(world: World, manifest: dict[str, Any], new_ranks: int, samples
         targets = {f"tp/layer{i}.weight": [tp_box(rank % TP)] for i in range(world.tp)}
         targets.update({f"optim/fsdp{i}.exp_avg": [fsdp_box(rank, rows)] for i in range(world.fsdp)})
         itemsize = {p: 2 if p.startswith("tp/") else 4 for p in targets}
+        scanned, scanning = measured(functools.partial(plan_reads, manifest, targets, itemsize, indexed=False))
         batches, timing = measured(functools.partial(plan_reads, manifest, targets, itemsize))
+        assert batches == scanned, "the index found other shards than the scan"
         read = sum(b.nbytes for b in batches)
         needed = sum(math.prod(box.sizes) * itemsize[p] for p, boxes in targets.items() for box in boxes)
-        per_rank.append({"rank": rank, **timing, "reads": len(batches), "read_bytes": read, "needed_bytes": needed})
+        per_rank.append(
+            {
+                "rank": rank,
+                **timing,
+                "scan_cpu_s": scanning["cpu_s"],
+                "reads": len(batches),
+                "read_bytes": read,
+                "needed_bytes": needed,
+            }
+        )
     return {
         "new_ranks": new_ranks,
         "per_rank": per_rank,
         "max_time_s": max(r["time_s"] for r in per_rank),
         "total_time_s": sum(r["time_s"] for r in per_rank),
+        "median_cpu_s": sorted(r["cpu_s"] for r in per_rank)[len(per_rank) // 2],
+        "median_scan_cpu_s": sorted(r["scan_cpu_s"] for r in per_rank)[len(per_rank) // 2],
     }
 
 
@@ -400,13 +421,18 @@ def render(report: Record) -> str:
         ]
     if "reshard" in report:
         r = report["reshard"]
-        lines += ["", f"reshard {w['ranks']} -> {r['new_ranks']}: read planning per new rank"]
+        lines += [
+            "",
+            f"reshard {w['ranks']} -> {r['new_ranks']}: read planning per new rank (shards found through the "
+            "BoxIndex; 'scan s': checking every shard, as before the index, same run)",
+        ]
         lines += R.table(
-            "rank>7|cpu s>9|reads>8|read>12|needed>12",
+            "rank>7|cpu s>9|scan s>9|reads>8|read>12|needed>12",
             [
                 (
                     p["rank"],
                     f"{p['cpu_s']:.3f}",
+                    f"{p['scan_cpu_s']:.3f}",
                     p["reads"],
                     R.fmt_bytes(p["read_bytes"]),
                     R.fmt_bytes(p["needed_bytes"]),

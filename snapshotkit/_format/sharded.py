@@ -2,6 +2,9 @@
 
 A take stores each distinct local box once; a restore fills each destination box from the
 stored boxes it overlaps, reading only the stored pieces (whole dim-0 row blocks) that overlap.
+A box narrower than the tensor along a dim other than 0 (``Shard(1)``) is stored as a few column
+sub-boxes (:func:`column_split`), so a reader wanting part of its columns reads whole, verified
+pieces of the sub-boxes it overlaps instead of whole rows of the box.
 """
 
 from __future__ import annotations
@@ -109,6 +112,43 @@ def overlap(a: Box, b: Box) -> Box | None:
         offsets.append(low)
         sizes.append(high - low)
     return Box(tuple(offsets), tuple(sizes))
+
+
+#: A stored sub-box of a split box holds at least this many bytes (smaller boxes are not split,
+#: so a manifest of many small shards does not grow).
+COLUMN_SPLIT_MIN_BYTES = 1 << 20
+#: At most this many sub-boxes per box: a reader then reads at most two sub-boxes it needs only
+#: part of, 2/8 of a box, and typically far less (a few extra requests, merged when adjacent).
+#: IMPORTANT: every rank of a take must split alike (replicated boxes are matched by their
+#: offsets and sizes); 1 stores every box whole, as before this split existed (benchmarks only).
+COLUMN_SPLIT_MAX_PARTS = 8
+
+
+def column_split(box: Box, shape: Sequence[int], itemsize: int) -> list[Box]:
+    """The sub-boxes a take stores for ``box`` of a tensor of global ``shape``: ``[box]`` itself,
+    or, when ``box`` is narrower than ``shape`` along a dim ``d > 0`` (the first such dim), up to
+    :data:`COLUMN_SPLIT_MAX_PARTS` contiguous slices of ``box`` along ``d``, each of at least
+    :data:`COLUMN_SPLIT_MIN_BYTES`. The sub-boxes are disjoint, cover ``box``, and depend only on
+    the arguments (every rank holding a box splits it alike).
+    """
+    dim = next((d for d in range(1, len(box.sizes)) if box.sizes[d] < shape[d]), None)
+    if dim is None:
+        return [box]
+    width = box.sizes[dim]
+    column_bytes = math.prod(box.sizes) // width * itemsize if width else 0  # one slice along dim
+    # the most parts whose narrowest (width // parts slices) still holds the minimum
+    parts = min(COLUMN_SPLIT_MAX_PARTS, width)
+    while parts > 1 and column_bytes * (width // parts) < COLUMN_SPLIT_MIN_BYTES:
+        parts -= 1
+    if parts <= 1:
+        return [box]
+    boxes: list[Box] = []
+    for part in range(parts):
+        start, end = width * part // parts, width * (part + 1) // parts
+        offsets = (*box.offsets[:dim], box.offsets[dim] + start, *box.offsets[dim + 1 :])
+        sizes = (*box.sizes[:dim], end - start, *box.sizes[dim + 1 :])
+        boxes.append(Box(offsets, sizes))
+    return boxes
 
 
 def piece_boxes(shard_box: Box, piece_sizes: Sequence[int], itemsize: int) -> list[Box]:

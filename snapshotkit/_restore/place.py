@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from snapshotkit._format.box_index import BoxIndex
 from snapshotkit._format.entries import Entry, ObjectEntry, Piece, PrimitiveEntry, ShardedTensorEntry, TensorEntry
 from snapshotkit._format.serialization import (
     RAW,
@@ -218,7 +219,9 @@ class LeafLoader:
         A ``DTensor``/``ShardedTensor`` destination of the saved global shape is filled in its
         local shards, in place; a plain tensor of that shape and dtype is filled whole; anything
         else gets a new tensor with the whole global value. Only pieces (whole row blocks of a
-        stored shard) that overlap a destination box are read, each verified as a whole.
+        stored shard) that overlap a destination box are read, each verified as a whole; a take
+        stores a ``Shard(1)`` box as column sub-boxes, so a box needing some of its columns
+        reads only the sub-boxes holding them.
         """
         dtype = dtype_from_name(entry.dtype)
         whole = Box((0,) * len(entry.shape), entry.shape)
@@ -261,10 +264,12 @@ class LeafLoader:
         dtype: torch.dtype,
     ) -> None:
         itemsize = dtype.itemsize
-        for shard in entry.shards:
+        # Only the stored shards overlapping a target, found through an index (a restore onto
+        # thousands of ranks would otherwise check every shard against every target).
+        index = BoxIndex(entry.shards)
+        for position in sorted({i for target_box, _ in targets for i in index.overlapping(target_box)}):
+            shard = entry.shards[position]
             shard_box = Box(shard.offsets, shard.sizes)
-            if not any(overlap(shard_box, target_box) for target_box, _ in targets):
-                continue
             sizes = [piece.nbytes for piece in shard.pieces]
             for piece, piece_box in zip(shard.pieces, piece_boxes(shard_box, sizes, itemsize), strict=True):
                 wanted = [(o, t, tensor) for t, tensor in targets if (o := overlap(piece_box, t)) is not None]

@@ -19,7 +19,7 @@ import torch
 from snapshotkit._format.dtypes import RAW_ITEMSIZE
 from snapshotkit._format.entries import ContainerEntry, PrimitiveEntry, escape_key, join_path
 from snapshotkit._format.serialization import RAW, dtype_name, serialize_object, tensor_serializer
-from snapshotkit._format.sharded import is_sharded, local_shards
+from snapshotkit._format.sharded import box_slice, column_split, is_sharded, local_shards
 from snapshotkit._plan.flatten import check_int, fits_inline, flatten
 from snapshotkit._plan.leaves import Leaf, LocalState, ObjectLeaf, Payload, ShardBox, ShardedLeaf, TensorLeaf
 from snapshotkit._plan.select import Selection
@@ -203,8 +203,12 @@ def _describe_sharded(
     for box, local in held:
         if local.is_meta:
             raise UnsupportedValueError(f"the sharded tensor at {path!r} has a meta local shard; materialize it")
-        payloads.append(Payload.of_tensor(local.detach()))
-        boxes.append(ShardBox(box, len(payloads) - 1))
+        # A Shard(1) box is stored as column sub-boxes (strided views, copied when staged), so a
+        # restore needing some of its columns reads only those sub-boxes, each whole and verified.
+        for part in column_split(box, shards.shape, dtype.itemsize):
+            view = local.detach() if part is box else box_slice(local.detach(), box.offsets, part)
+            payloads.append(Payload.of_tensor(view))
+            boxes.append(ShardBox(part, len(payloads) - 1))
     return ShardedLeaf(dtype_name(dtype), shards.shape, shards.layout, tuple(boxes))
 
 

@@ -1,0 +1,327 @@
+"""Resharding by columns: a ``Shard(1)`` DTensor taken on 4 gloo ranks, restored on 2 and 3.
+
+Issue 17 item 7. ``--ranks`` (default 4) ranks take ``--tensors`` float32 DTensors of
+``--tensor-bytes`` each (default 2 x 256 MiB, 8,192 columns... rows follow), ``[Shard(1)]``; then
+each of ``--restore-ranks`` (default 2,3) world sizes restores them into ``[Shard(1)]`` DTensors
+of its own. Two layouts, taken and restored in the same run, alternating, ``--repeat`` times:
+
+* ``split`` (this version): a take stores each rank's column box as up to 8 column sub-boxes of at
+  least 1 MiB (``snapshotkit._format.sharded.column_split``);
+* ``whole`` (before): every box stored whole, as takes wrote before the split, by setting the
+  private ``COLUMN_SPLIT_MAX_PARTS`` to 1 in the rank processes (benchmark only; not an option).
+
+Reported per restoring rank: the data bytes it read over the bytes its local shard needs, and the
+ranged reads it issued (counted by a storage wrapper around the real plugin: data-object reads,
+the probe reads of one byte per data object included; an ``s3://`` read is one ranged GET); the
+restore time; and the take time of each layout (the split stores strided column views, so the
+take copies them into staging buffers: its cost shows there). ``--stores`` picks ``local`` (a
+directory) and ``s3`` (a SeaweedFS server started here; skipped when ``weed`` is missing).
+
+Usage::
+
+    python benchmarks/bench_reshard.py --out benchmarks/results/bench_reshard-<date>.json
+    python benchmarks/bench_reshard.py --quick --out /tmp/reshard.json   # 2 x 16 MiB, seconds
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _harness, also when imported by a test
+
+from _harness import Record, cli, launch
+from _harness import measure as M
+from _harness import report as R
+
+PRELOAD = ["torch", "torch.distributed", "snapshotkit"]
+RANKS_TIMEOUT_S = 3600.0
+COLUMNS = 8192
+LAYOUTS = {"whole": 1, "split": None}  # COLUMN_SPLIT_MAX_PARTS in the rank processes (None: the default)
+
+
+# --------------------------------------------------------------------------- counting reads
+
+
+def _counting_plugin(inner: Any, counts: dict[str, int]) -> Any:
+    """``inner`` (a real storage plugin) with its data-object reads counted into ``counts``."""
+    from snapshotkit.storage import ByteRange, StoragePlugin
+
+    class Counting(StoragePlugin):
+        capabilities = inner.capabilities
+
+        def _count(self, location: str, nbytes: int) -> None:
+            if location.startswith("data/"):
+                counts["requests"] += 1
+                counts["bytes"] += nbytes
+
+        async def write(self, location: str, data: Any) -> None:
+            await inner.write(location, data)
+
+        async def read(self, location: str, byte_range: ByteRange | None = None) -> Any:
+            data = await inner.read(location, byte_range)
+            self._count(location, memoryview(data).nbytes)
+            return data
+
+        async def read_into(self, location: str, start: int, buffers: Sequence[memoryview]) -> None:
+            await inner.read_into(location, start, buffers)
+            self._count(location, sum(b.nbytes for b in buffers))
+
+        async def exists(self, location: str) -> bool:
+            return bool(await inner.exists(location))
+
+        async def write_exclusive(self, location: str, data: Any) -> None:
+            await inner.write_exclusive(location, data)
+
+        async def list(self, prefix: str = "") -> list[str]:
+            return list(await inner.list(prefix))
+
+        async def delete(self, location: str) -> None:
+            await inner.delete(location)
+
+        async def close(self) -> None:
+            await inner.close()
+
+    return Counting()
+
+
+def _register_counting(counts: dict[str, int]) -> None:
+    """``counted://<uri>``: the plugin of ``<uri>``, its data reads counted."""
+    from snapshotkit.storage import register_storage_plugin
+    from snapshotkit.storage._registry import url_to_storage_plugin
+
+    def factory(root: str, options: Mapping[str, Any]) -> Any:
+        return _counting_plugin(url_to_storage_plugin(root, options), counts)
+
+    register_storage_plugin("counted", factory)
+
+
+# --------------------------------------------------------------------------- the ranks
+
+
+def _rank_main(spec: Record) -> Record:
+    import torch
+
+    torch.set_num_threads(1)
+    with launch.process_group(spec):
+        return _take_rank(spec) if spec["op"] == "take" else _restore_rank(spec)
+
+
+def _tensors(spec: Record, fill: bool) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = dist.device_mesh.init_device_mesh("cpu", (spec["world"],))
+    rows = spec["tensor_bytes"] // (4 * COLUMNS)
+    out = {}
+    for i in range(spec["tensors"]):
+        if fill:
+            full = torch.arange(rows * COLUMNS, dtype=torch.float32).reshape(rows, COLUMNS).add_(i)
+        else:
+            full = torch.zeros(rows, COLUMNS)
+        out[f"w{i}"] = distribute_tensor(full, mesh, [Shard(1)])
+        del full
+    return out
+
+
+def _take_rank(spec: Record) -> Record:
+    import torch.distributed as dist
+
+    from snapshotkit import Snapshot, StateDict
+    from snapshotkit._format import sharded
+
+    if spec["max_parts"] is not None:
+        sharded.COLUMN_SPLIT_MAX_PARTS = spec["max_parts"]
+    state = StateDict(**_tensors(spec, fill=True))
+    dist.barrier()
+    with M.Measure() as took:
+        Snapshot.take(spec["path"], {"m": state}, storage_options=spec["options"])
+    entry = Snapshot(spec["path"], storage_options=spec["options"]).get_manifest()["0/m/w0"]
+    return {"seconds": took.time_s, "stored_boxes": len(entry.shards)}  # type: ignore[union-attr]
+
+
+def _restore_rank(spec: Record) -> Record:
+    import math
+
+    import torch
+    import torch.distributed as dist
+
+    from snapshotkit import Snapshot, StateDict
+
+    counts = {"requests": 0, "bytes": 0}
+    _register_counting(counts)
+    state = StateDict(**_tensors(spec, fill=False))
+    needed = sum(math.prod(t.to_local().shape) * 4 for t in state.values())
+    dist.barrier()
+    with M.Measure() as took:
+        Snapshot("counted://" + spec["path"], storage_options=spec["options"]).restore({"m": state})
+    rows = spec["tensor_bytes"] // (4 * COLUMNS)
+    exact = all(
+        torch.equal(
+            t.to_local(),
+            torch.arange(rows * COLUMNS, dtype=torch.float32)
+            .reshape(rows, COLUMNS)
+            .add_(i)[:, _columns(spec["rank"], spec["world"])],
+        )
+        for i, t in enumerate(state.values())
+    )
+    return {
+        "seconds": took.time_s,
+        "needed_bytes": needed,
+        "read_bytes": counts["bytes"],
+        "requests": counts["requests"],
+        "exact": exact,
+    }
+
+
+def _columns(rank: int, world: int) -> slice:
+    """The columns of rank ``rank`` of ``world`` under ``Shard(1)`` (torch's chunking: ceil-sized)."""
+    chunk = -(-COLUMNS // world)
+    return slice(min(rank * chunk, COLUMNS), min((rank + 1) * chunk, COLUMNS))
+
+
+def _run(launcher: launch.Launcher, world: int, spec: Record) -> list[Record]:
+    results = launcher.run_ranks(spec, world)
+    failed = [r for r in results if r.get("ok") is False]
+    if failed:
+        raise RuntimeError(f"{spec['op']} on {world} ranks: {failed[0]['error']}\n{failed[0].get('traceback', '')}")
+    return results
+
+
+# --------------------------------------------------------------------------- stores
+
+
+class _Store:
+    """Where the snapshots go: a scratch directory, or a bucket of a SeaweedFS server."""
+
+    def __init__(self, name: str, root: str, options: Record) -> None:
+        self.name, self.root, self.options = name, root, options
+
+    def path(self, tag: str) -> str:
+        return f"{self.root}/{tag}"
+
+
+def _stores(names: Sequence[str], scratch: Path, stack: Any) -> list[_Store]:
+    stores = []
+    for name in names:
+        if name == "local":
+            stores.append(_Store("local", str(scratch), {}))
+        elif name == "s3":
+            from snapshotkit.testing._servers import SeaweedS3Server, ServerUnavailable
+
+            try:
+                server = stack.enter_context(SeaweedS3Server())
+            except ServerUnavailable as exc:
+                R.progress(f"[s3] skipped: {exc}")
+                continue
+            server.create_bucket("reshard")
+            stores.append(_Store("s3", "s3://reshard", server.storage_options()))
+        else:
+            raise SystemExit(f"unknown store {name!r}: local, s3")
+    return stores
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def measure_store(args: Any, store: _Store, launcher: launch.Launcher) -> Record:
+    base = {"tensors": args.tensors, "tensor_bytes": args.tensor_bytes, "options": store.options}
+    runs: dict[str, Record] = {layout: {"take_s": [], "stored_boxes": 0, "restore": {}} for layout in LAYOUTS}
+    for repeat in range(args.repeat):
+        for layout, max_parts in LAYOUTS.items():  # interleaved: before, after, before, after...
+            path = store.path(f"{layout}-{repeat}")
+            taken = _run(launcher, args.ranks, {**base, "op": "take", "path": path, "max_parts": max_parts})
+            runs[layout]["take_s"].append(max(r["seconds"] for r in taken))
+            runs[layout]["stored_boxes"] = taken[0]["stored_boxes"]
+            for world in args.restore_ranks:
+                restored = _run(launcher, world, {**base, "op": "restore", "path": path})
+                runs[layout]["restore"].setdefault(str(world), []).append(restored)
+                R.progress(
+                    f"[{store.name}] {layout} #{repeat} {args.ranks}->{world}: read/needed "
+                    f"{sum(r['read_bytes'] for r in restored) / sum(r['needed_bytes'] for r in restored):.3f}, "
+                    f"{sum(r['requests'] for r in restored)} requests, "
+                    f"{max(r['seconds'] for r in restored):.2f} s"
+                )
+    out: Record = {}
+    for layout, run in runs.items():
+        rec: Record = {"stored_boxes_per_tensor": run["stored_boxes"], "take_s": run["take_s"]}
+        rec["median_take_s"] = statistics.median(run["take_s"])
+        for world, repeats in run["restore"].items():
+            last = repeats[-1]  # reads are deterministic; times vary
+            rec[f"restore_{world}"] = {
+                "per_rank": [
+                    {k: r[k] for k in ("needed_bytes", "read_bytes", "requests", "seconds", "exact")} for r in last
+                ],
+                "read_over_needed": sum(r["read_bytes"] for r in last) / sum(r["needed_bytes"] for r in last),
+                "max_rank_read_over_needed": max(r["read_bytes"] / r["needed_bytes"] for r in last),
+                "requests": sum(r["requests"] for r in last),
+                "exact": all(r["exact"] for rs in repeats for r in rs),
+                "median_seconds": statistics.median(max(r["seconds"] for r in rs) for rs in repeats),
+            }
+        out[layout] = rec
+    out["split_over_whole_take"] = out["split"]["median_take_s"] / out["whole"]["median_take_s"]
+    return out
+
+
+def render(report: Record) -> str:
+    lines = [R.machine_line(report["machine"], fs=False)]
+    a = report["args"]
+    lines.append(
+        f"{a['tensors']} x {R.fmt_bytes(a['tensor_bytes'])} float32 Shard(1) DTensors, {COLUMNS} columns, "
+        f"taken on {a['ranks']} gloo ranks, restored into Shard(1) on {a['restore_ranks']}; {a['repeat']} repeats"
+    )
+    for store, res in report["stores"].items():
+        lines.append("")
+        lines += R.table(
+            f"{store}: layout<7|boxes/tensor>12|ranks>6|read/needed>12|max rank>9|requests>9|restore s>10|take s>8",
+            [
+                (
+                    layout,
+                    res[layout]["stored_boxes_per_tensor"],
+                    f"{a['ranks']}->{world}",
+                    f"{r['read_over_needed']:.3f}x",
+                    f"{r['max_rank_read_over_needed']:.3f}x",
+                    r["requests"],
+                    f"{r['median_seconds']:.2f}",
+                    f"{res[layout]['median_take_s']:.2f}",
+                )
+                for layout in LAYOUTS
+                for world in a["restore_ranks"]
+                for r in [res[layout][f"restore_{world}"]]
+            ],
+        )
+        lines.append(f"take, split over whole (median): {res['split_over_whole_take']:.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import contextlib
+
+    ap = cli.BenchParser(__doc__, full_doc=True)
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--restore-ranks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3])
+    ap.add_argument("--tensors", type=int, default=2)
+    ap.add_argument("--tensor-bytes", type=cli.parse_size, default=256 * cli.MiB)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--stores", default="local,s3")
+    ap.add_argument("--scratch", default=None, help="directory for local snapshots (default: a temp dir)")
+    ap.add_quick("2 x 16 MiB, one repeat", tensor_bytes=16 * cli.MiB, repeat=1)
+    ap.add_out(stem="bench_reshard")
+    args = ap.parse(argv)
+    with cli.scratch_dir(args.scratch, "bench-reshard-") as scratch, contextlib.ExitStack() as stack:
+        report = R.new_report("bench_reshard", scratch, args=vars(args))
+        launcher = launch.Launcher("forkserver", RANKS_TIMEOUT_S, run=_rank_main, workdir=scratch, preload=PRELOAD)
+        report["stores"] = {}
+        for store in _stores(args.stores.split(","), scratch, stack):
+            report["stores"][store.name] = measure_store(args, store, launcher)
+        report["activity"] = R.other_activity()
+        R.write_report(report, args.out, render(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
