@@ -125,6 +125,18 @@ class Group:
         self._wait(dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.pg, async_op=True), what)
         return bool(value.item())
 
+    def all_reduce_min(self, values: list[int], what: str) -> list[int]:
+        """The element-wise minimum over the ranks of ``values`` (int64 each): one all-reduce of
+        ``8 * len(values)`` bytes, whatever the world size."""
+        if not self.distributed:
+            return list(values)
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.int64, device=self._device())
+        self._wait(dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.pg, async_op=True), what)
+        return [int(v) for v in tensor.tolist()]
+
     # ------------------------------------------------------------------ the exchange
 
     def exchange(self, value: Any, error: BaseException | None, what: str) -> list[Any]:
