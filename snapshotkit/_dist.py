@@ -125,6 +125,15 @@ class Group:
         self._wait(dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.pg, async_op=True), what)
         return bool(value.item())
 
+    def identity(self) -> tuple[object, ...]:
+        """Names this group within this process (its members' global ranks, this rank, its size):
+        equal for two ``Group`` values of one process group."""
+        if self.pg is None:
+            return ("default", self.rank, self.world_size)
+        import torch.distributed as dist
+
+        return (tuple(dist.get_process_group_ranks(self.pg)), self.rank, self.world_size)
+
     def all_reduce_min(self, values: list[int], what: str) -> list[int]:
         """The element-wise minimum over the ranks of ``values`` (int64 each): one all-reduce of
         ``8 * len(values)`` bytes, whatever the world size."""

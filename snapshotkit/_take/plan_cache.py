@@ -139,18 +139,9 @@ _plans: collections.OrderedDict[tuple[object, ...], CachedPlan] = collections.Or
 _lock = threading.Lock()
 
 
-def group_key(group: Group) -> tuple[object, ...]:
-    """Names ``group`` within this process: its members (global ranks), this rank, its size."""
-    if group.pg is None:
-        return ("default", group.rank, group.world_size)
-    import torch.distributed as dist
-
-    return (tuple(dist.get_process_group_ranks(group.pg)), group.rank, group.world_size)
-
-
 def lookup(group: Group) -> CachedPlan | None:
     """The last plan made on ``group`` in this process, if any."""
-    key = group_key(group)
+    key = group.identity()
     with _lock:
         found = _plans.get(key)
         if found is not None:
@@ -160,7 +151,7 @@ def lookup(group: Group) -> CachedPlan | None:
 
 def remember(group: Group, plan: CachedPlan) -> None:
     """Keep ``plan`` as ``group``'s last plan (replacing the one before)."""
-    key = group_key(group)
+    key = group.identity()
     with _lock:
         _plans[key] = plan
         _plans.move_to_end(key)
