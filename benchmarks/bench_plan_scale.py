@@ -203,7 +203,7 @@ def sample_ranks(ranks: int, count: int) -> list[int]:
 
 def fake_written(plan: TakePlan) -> dict[Any, Piece]:
     return {
-        slot: Piece(slot.location, (slot.offset, slot.offset + slot.nbytes), CHECKSUM)
+        slot: Piece(data_object.location, (slot.offset, slot.offset + slot.nbytes), CHECKSUM)
         for data_object in plan.data_objects
         for slot in data_object.slots
     }

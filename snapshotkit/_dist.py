@@ -149,6 +149,27 @@ class Group:
         for work in works:
             self._wait(work, what)
 
+    def identity(self) -> tuple[object, ...]:
+        """Names this group within this process (its members' global ranks, this rank, its size):
+        equal for two ``Group`` values of one process group."""
+        if self.pg is None:
+            return ("default", self.rank, self.world_size)
+        import torch.distributed as dist
+
+        return (tuple(dist.get_process_group_ranks(self.pg)), self.rank, self.world_size)
+
+    def all_reduce_min(self, values: list[int], what: str) -> list[int]:
+        """The element-wise minimum over the ranks of ``values`` (int64 each): one all-reduce of
+        ``8 * len(values)`` bytes, whatever the world size."""
+        if not self.distributed:
+            return list(values)
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.int64, device=self._device())
+        self._wait(dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.pg, async_op=True), what)
+        return [int(v) for v in tensor.tolist()]
+
     # ------------------------------------------------------------------ the exchange
 
     def exchange(self, value: Any, error: BaseException | None, what: str) -> list[Any]:

@@ -49,12 +49,17 @@ class PayloadSpan:
 
 @dataclasses.dataclass(frozen=True)
 class PieceSlot:
-    """Bytes ``[start, end)`` of payload ``payload`` stored at ``offset`` in data object ``location``."""
+    """Bytes ``[start, end)`` of payload ``payload`` stored at ``offset`` in the ``object_index``-th data
+    object of its plan.
+
+    The data object is named by its index, not its location: a location embeds the take's id, and
+    a plan reused by a later take (:mod:`snapshotkit._take.plan_cache`) keeps its slots unchanged.
+    """
 
     payload: int
     start: int
     end: int
-    location: str
+    object_index: int
     offset: int
 
     @property
@@ -135,26 +140,28 @@ def pack_pieces(
     take_id: str,
     data_object_bytes: int,
     alignment: int = ALIGNMENT_BYTES,
+    first_index: int = 0,
 ) -> PackedLayout:
     """Pack pieces, in the order given, into data objects of about ``data_object_bytes``.
 
     Each slot starts at the first multiple of ``alignment`` after the previous slot of its data
     object. A piece that would end past ``data_object_bytes`` starts a new data object, unless
     the current one is empty: a data object exceeds ``data_object_bytes`` only when it holds a
-    single piece. Data objects are named :func:`data_object_location` ``(rank, 0, take_id)``,
-    ``(rank, 1, take_id)``, ... in write order; each holds at least one piece.
+    single piece. Data objects are named :func:`data_object_location` ``(rank, first_index,
+    take_id)``, ``(rank, first_index + 1, take_id)``, ... in write order (slots carry the same
+    indices); each holds at least one piece.
     """
     objects: list[DataObjectPlan] = []
     slots: list[PieceSlot] = []
     current: list[PieceSlot] = []
-    location = data_object_location(rank, 0, take_id)
+    index = first_index
     offset = 0
 
     def close_object() -> None:
-        nonlocal current, location, offset
+        nonlocal current, index, offset
         if current:
-            objects.append(DataObjectPlan(location, tuple(current), offset))
-            location = data_object_location(rank, len(objects), take_id)
+            objects.append(DataObjectPlan(data_object_location(rank, index, take_id), tuple(current), offset))
+            index += 1
             current = []
             offset = 0
 
@@ -163,7 +170,7 @@ def pack_pieces(
         if current and slot_offset + piece.nbytes > data_object_bytes:
             close_object()
             slot_offset = 0
-        slot = PieceSlot(piece.payload, piece.start, piece.end, location, slot_offset)
+        slot = PieceSlot(piece.payload, piece.start, piece.end, index, slot_offset)
         current.append(slot)
         slots.append(slot)
         offset = slot_offset + piece.nbytes

@@ -95,7 +95,8 @@ def storage_error(
 def logical_paths_in(plan: TakePlan, data_object: DataObjectPlan) -> list[str]:
     """The logical paths with pieces in ``data_object`` (for error messages)."""
     payloads = {slot.payload for slot in data_object.slots}
-    paths = {key.path for key, slot in plan.shared_slots.items() if slot.location == data_object.location}
+    in_object = set(data_object.slots)
+    paths = {key.path for key, slot in plan.shared_slots.items() if slot in in_object}
     for key, entry in plan.entries.items():
         if isinstance(entry, (PendingTensor, PendingObject)) and entry.payload in payloads:
             paths.add(key.partition("/")[2])

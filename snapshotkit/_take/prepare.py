@@ -2,13 +2,15 @@
 
 Shared by ``take`` and ``async_take``; nothing is written yet (objects are serialized here).
 Every rank ends with the same :class:`~snapshotkit._plan.decide.Decision` and its own
-:class:`~snapshotkit._plan.rank_plan.TakePlan`.
+:class:`~snapshotkit._plan.rank_plan.TakePlan`. When the structure did not change since the last
+take on the process group, the ranks agree on that in one small all-reduce and reuse that take's
+plan instead of exchanging descriptions and planning (:mod:`snapshotkit._take.plan_cache`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import secrets
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -20,11 +22,13 @@ from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME
 from snapshotkit._format.user_metadata import check_user_metadata
 from snapshotkit._plan.decide import Decision, decide
+from snapshotkit._plan.digest import shared_values_digest, structure_digest
 from snapshotkit._plan.leaves import LocalState, RankInfo, rank_info
-from snapshotkit._plan.rank_plan import TakePlan, plan_rank
+from snapshotkit._plan.rank_plan import FixedPlan, TakePlan, finish_plan, fix_plan
 from snapshotkit._plan.select import Selection
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.loop import run_sync
+from snapshotkit._take import plan_cache
 from snapshotkit._take.collect import (
     check_tensor_prepare_func,
     collect_state,
@@ -49,6 +53,9 @@ class PreparedTake:
         plan: this rank's plan.
         user_metadata: this rank's checked ``metadata=`` (rank 0's is the one committed).
         reuse: for an incremental take, the base's pieces it may reference instead of writing.
+        plan_reused: whether the plan of the last take on the process group was reused.
+        describe_s: seconds spent collecting and describing the state.
+        plan_s: seconds spent after that: agreeing, exchanging and planning.
     """
 
     path: str
@@ -58,6 +65,9 @@ class PreparedTake:
     plan: TakePlan
     user_metadata: Mapping[str, Any]
     reuse: ReuseIndex | None = None
+    plan_reused: bool = False
+    describe_s: float = 0.0
+    plan_s: float = 0.0
 
 
 #: Loads an incremental take's base: its path, decoded manifest, and the locations of its own
@@ -90,11 +100,15 @@ def prepare_take(
     ``load_base`` (an incremental take) reads the base's manifest on every rank. Without
     ``open_plugin`` nothing touches storage: a rehearsal that only plans (``prepare_async``).
     """
+    started_s = time.perf_counter()
     local: LocalState | None = None
     info: RankInfo | None = None
     error: BaseException | None = None
     stored_metadata: dict[str, Any] = {}
     reuse: ReuseIndex | None = None
+    patterns: list[str] = []
+    digest = shared_digest = 0
+    candidate: plan_cache.CachedPlan | None = None
     try:
         stored_metadata = check_user_metadata(user_metadata)
         selection = Selection.of(include, exclude)
@@ -115,26 +129,65 @@ def prepare_take(
         patterns = list(dict.fromkeys([*replicated, *ddp_replicated_patterns(states_of)]))
         with gc_paused():
             local = describe_state(states, selection, prepare)
-            info = rank_info(local, path, patterns, secrets.token_hex(4))
+        described_s = time.perf_counter()
+        digest = structure_digest(local, patterns, rank=group.rank, world_size=group.world_size)
+        cached = plan_cache.lookup(group)
+        if cached is not None and cached.fits(local, digest, config):
+            candidate = cached
+            shared_digest = shared_values_digest(path, local, cached.replicated_primitives)
     except Exception as exc:
         error = exc
+        described_s = time.perf_counter()
     what = "take" if open_plugin is not None else "prepare_async"
-    infos: list[RankInfo] = group.exchange(info, error, f"{what}: describing each rank's state")
+    agreement = plan_cache.agree(group, candidate, shared_digest, f"{what}: agreeing whether the last plan holds")
+    take_path, take_id = path, agreement.take_id
+    fixed: FixedPlan
+    if agreement.reused is not None:
+        decision, fixed = agreement.reused.decision, agreement.reused.fixed
+    else:
+        if error is None:
+            assert local is not None
+            try:
+                info = rank_info(local, path, patterns, take_id)
+            except Exception as exc:
+                error = exc
+        infos: list[RankInfo] = group.exchange(info, error, f"{what}: describing each rank's state")
+        assert local is not None
+        take_path = infos[0].path
+        with gc_paused():
+            decision = decide(infos, chunk_bytes=config.chunk_bytes)
+            fixed = fix_plan(
+                local,
+                decision,
+                rank=group.rank,
+                chunk_bytes=config.chunk_bytes,
+                data_object_bytes=config.data_object_bytes,
+            )
+        kept = plan_cache.CachedPlan.of(
+            local, digest=digest, token=agreement.token, config=config, decision=decision, fixed=fixed
+        )
+        plan_cache.remember(group, kept)
+        if group.rank == 0:
+            _warn_about_paths(infos)
     assert local is not None
-    take_id = infos[0].take_id
     with gc_paused():
-        decision = decide(infos, chunk_bytes=config.chunk_bytes)
-        plan = plan_rank(
-            local,
-            decision,
-            rank=group.rank,
-            take_id=take_id,
-            chunk_bytes=config.chunk_bytes,
-            data_object_bytes=config.data_object_bytes,
+        plan = finish_plan(
+            fixed, local, take_id=take_id, chunk_bytes=config.chunk_bytes, data_object_bytes=config.data_object_bytes
         )
     if group.rank == 0:
-        _warn_about_differences(infos, decision)
-    return PreparedTake(infos[0].path, take_id, local, decision, plan, stored_metadata, reuse)
+        _warn_about_differences(decision)
+    return PreparedTake(
+        take_path,
+        take_id,
+        local,
+        decision,
+        plan,
+        stored_metadata,
+        reuse,
+        plan_reused=agreement.reused is not None,
+        describe_s=described_s - started_s,
+        plan_s=time.perf_counter() - described_s,
+    )
 
 
 def _open(open_plugin: Callable[[str], StoragePlugin], path: str) -> StoragePlugin:
@@ -171,13 +224,16 @@ async def _refuse_existing_and_close(plugin: StoragePlugin, path: str) -> None:
         await plugin.close()
 
 
-def _warn_about_differences(infos: Sequence[RankInfo], decision: Decision) -> None:
+def _warn_about_paths(infos: Sequence[RankInfo]) -> None:
     paths = {info.path for info in infos}
     if len(paths) > 1:
         warnings.warn(
             f"the ranks passed {len(paths)} different paths to Snapshot.take; rank 0's {infos[0].path!r} is used",
             stacklevel=6,  # the user code that called Snapshot.take or Snapshot.async_take
         )
+
+
+def _warn_about_differences(decision: Decision) -> None:
     if decision.differing:
         shown = ", ".join(f"{p!r} (ranks {list(r[:4])})" for p, r in sorted(decision.differing.items())[:5])
         warnings.warn(

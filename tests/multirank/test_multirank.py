@@ -363,7 +363,7 @@ def test_collectives_time_out_with_an_error_naming_the_step(tmp_path: Path) -> N
     results = run_ranks(2, _absent_rank, path, timeout=60, env={"SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS": "2"})
     seconds, _, message = results[0].partition(" ")
     assert float(seconds) < 5, results[0]
-    assert message.startswith("take: describing each rank's state: rank 0 of 2 waited 2 s"), message
+    assert message.startswith("take: agreeing whether the last plan holds: rank 0 of 2 waited 2 s"), message
     with pytest.raises(SnapshotNotFoundError):
         Snapshot(path).metadata
 

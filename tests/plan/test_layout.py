@@ -138,9 +138,9 @@ def test_pack_a_piece_larger_than_a_data_object() -> None:
     )
     location = [data_object_location(3, i, "t") for i in range(3)]
     assert packed.slots == (
-        PieceSlot(0, 0, 10, location[0], 0),
-        PieceSlot(1, 0, 1000, location[1], 0),  # alone, over the target size
-        PieceSlot(2, 0, 10, location[2], 0),
+        PieceSlot(0, 0, 10, 0, 0),
+        PieceSlot(1, 0, 1000, 1, 0),  # alone, over the target size
+        PieceSlot(2, 0, 10, 2, 0),
     )
     assert packed.data_objects == (
         DataObjectPlan(location[0], packed.slots[:1], 10),
@@ -240,7 +240,7 @@ def test_layout_places_every_byte_once_within_the_bounds(
         assert plan.slots, "no empty data objects"
         end = 0
         for slot in plan.slots:
-            assert slot.location == plan.location
+            assert data_object_location(rank, slot.object_index, "t") == plan.location
             assert slot.offset % ALIGNMENT_BYTES == 0
             assert slot.offset >= end  # slots never overlap
             assert slot.offset - end < ALIGNMENT_BYTES  # only alignment padding between them

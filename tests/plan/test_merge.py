@@ -47,11 +47,12 @@ def take(
 
 def checksums_of(plan: TakePlan) -> dict[PieceSlot, Piece]:
     """The pieces a writer reports when it wrote every slot of ``plan`` where it was planned."""
-    return {slot: piece(slot) for data_object in plan.data_objects for slot in data_object.slots}
+    return {slot: piece(slot, plan.rank) for data_object in plan.data_objects for slot in data_object.slots}
 
 
-def piece(slot: PieceSlot) -> Piece:
-    return Piece(slot.location, (slot.offset, slot.offset + slot.nbytes), f"crc32c:{slot.offset + 1:08x}")
+def piece(slot: PieceSlot, rank: int = 0) -> Piece:
+    location = data_object_location(rank, slot.object_index, TAKE_ID)
+    return Piece(location, (slot.offset, slot.offset + slot.nbytes), f"crc32c:{slot.offset + 1:08x}")
 
 
 # --------------------------------------------------------------------------- finish_rank
@@ -91,7 +92,7 @@ def test_shared_pieces_are_reported_by_the_rank_that_wrote_them() -> None:
     state = StateBuilder().tensor("model/w", (32,)).build()
     _, plans, results = take(state, state, chunk_bytes=64)
     for plan, result in zip(plans, results):
-        assert result.shared == {key: piece(slot) for key, slot in plan.shared_slots.items()}
+        assert result.shared == {key: piece(slot, plan.rank) for key, slot in plan.shared_slots.items()}
         assert len(result.shared) == 1
     assert isinstance(results[0].entries["0/model/w"], PendingReplicated)
     assert results[1].entries == {"1/model": DictEntry(())}
@@ -105,9 +106,9 @@ def test_a_replicated_tensor_is_assembled_from_every_rank_in_piece_order() -> No
     decision, plans, results = take(state, state, state, chunk_bytes=64)  # three pieces, one per rank
     manifest = merge_results(results, decision, {})
     slots = [next(iter(plan.shared_slots.values())) for plan in plans]
-    expected = (piece(slots[0]), piece(slots[1]), piece(slots[2]))
+    expected = (piece(slots[0], 0), piece(slots[1], 1), piece(slots[2], 2))
     assert [decision.owner[key] for key in decision.pieces("model/w")] == [0, 1, 2]
-    assert [s.location for s in slots] == [data_object_location(r, 0, TAKE_ID) for r in range(3)]
+    assert [s.object_index for s in slots] == [0, 0, 0]
     assert manifest == {
         "0/model": DictEntry(()),
         "1/model": DictEntry(()),
@@ -122,8 +123,8 @@ def test_a_replicated_object_and_a_zero_byte_tensor() -> None:
     state = StateBuilder().obj("model/meta", 7).tensor("model/empty", (0,)).build()
     decision, plans, results = take(state, state)
     manifest = merge_results(results, decision, {})
-    (slot,) = [slot for plan in plans for slot in plan.shared_slots.values()]
-    assert manifest["0/model/meta"] == ObjectEntry("builtins.dict", piece(slot), True)
+    ((rank, slot),) = [(plan.rank, slot) for plan in plans for slot in plan.shared_slots.values()]
+    assert manifest["0/model/meta"] == ObjectEntry("builtins.dict", piece(slot, rank), True)
     assert manifest["0/model/empty"] == TensorEntry("float32", (0,), "raw", (), True)
 
 
@@ -136,7 +137,7 @@ def test_a_sharded_tensor_is_assembled_from_its_distinct_boxes() -> None:
     ]
     decision, plans, results = take(*states, chunk_bytes=16)  # one 16-byte row a piece
     manifest = merge_results(results, decision, {"dt": "a 2-rank mesh"})
-    written = {key: piece(slot) for plan in plans for key, slot in plan.shared_slots.items()}
+    written = {key: piece(slot, plan.rank) for plan in plans for key, slot in plan.shared_slots.items()}
     assert manifest["0/dt"] == ShardedTensorEntry(
         "int64",
         (4, 2),
@@ -179,7 +180,12 @@ def test_the_manifest_holds_every_leaf_and_every_written_byte_once(world: World)
     assert not any(isinstance(entry, (PendingReplicated, PendingSharded)) for entry in manifest.values())
 
     # every piece is a slot some rank wrote, and no slot is shared by two entries (tied tensors aside)
-    slots = {piece(slot): slot for plan in plans for data_object in plan.data_objects for slot in data_object.slots}
+    slots = {
+        piece(slot, plan.rank): slot
+        for plan in plans
+        for data_object in plan.data_objects
+        for slot in data_object.slots
+    }
     users: dict[Piece, set[str]] = {}
     for key, entry in manifest.items():
         for pieces in stored_bytes(entry):

@@ -52,13 +52,14 @@ def test_a_single_rank_with_only_local_leaves() -> None:
     }
     location = data_object_location(0, 0, TAKE_ID)
     assert plan.slots == {
-        0: (PieceSlot(0, 0, 16, location, 0), PieceSlot(0, 16, 32, location, 64), PieceSlot(0, 32, 40, location, 128)),
+        0: (PieceSlot(0, 0, 16, 0, 0), PieceSlot(0, 16, 32, 0, 64), PieceSlot(0, 32, 40, 0, 128)),
         1: (),  # a zero-byte tensor has no pieces
-        2: (PieceSlot(2, 0, 10, location, 192),),  # serialized bytes: one piece, whatever the chunk
+        # serialized bytes: one piece, whatever the chunk, in a data object after the tensors'
+        2: (PieceSlot(2, 0, 10, 1, 0),),
     }
     assert plan.shared_slots == {}
-    assert plan.nbytes == 202
-    assert [p.location for p in plan.data_objects] == [location]
+    assert plan.nbytes == 128 + 8 + 10  # padding between slots, none after the last
+    assert [p.location for p in plan.data_objects] == [location, data_object_location(0, 1, TAKE_ID)]
 
 
 def test_an_empty_state_writes_nothing() -> None:
@@ -161,12 +162,18 @@ def test_each_rank_lays_out_its_bytes_once(world: World) -> None:
         for index, slots in plan.slots.items():
             assert [s.start for s in slots] == [0, *(s.end for s in slots)][: len(slots)]
             assert (slots[-1].end if slots else 0) == state.payloads[index].nbytes
-        # the data objects hold every local slot (by payload) and then every shared one, each once
+        # the data objects hold every local slot of a raw tensor (by payload), then every shared
+        # one, then the local serialized bytes (in data objects of their own), each once
         in_objects = [slot for data_object in plan.data_objects for slot in data_object.slots]
-        local_slots = [slot for index in sorted(plan.slots) for slot in plan.slots[index]]
-        assert in_objects == local_slots + list(plan.shared_slots.values())
+        serialized = {index for index in plan.slots if state.payloads[index].data is not None}
+        raw_slots = [slot for index in sorted(plan.slots.keys() - serialized) for slot in plan.slots[index]]
+        serialized_slots = [slot for index in sorted(serialized) for slot in plan.slots[index]]
+        assert in_objects == raw_slots + list(plan.shared_slots.values()) + serialized_slots
+        if serialized_slots and len(in_objects) > len(serialized_slots):
+            assert in_objects[-len(serialized_slots) - 1].object_index < serialized_slots[0].object_index
         for index, data_object in enumerate(plan.data_objects):
             assert data_object.location == data_object_location(rank, index, TAKE_ID)
+            assert all(slot.object_index == index for slot in data_object.slots)
             assert data_object.nbytes <= world.data_object_bytes or len(data_object.slots) == 1
         assert plan.nbytes == sum(data_object.nbytes for data_object in plan.data_objects)
         names = {data_object.location for data_object in plan.data_objects}
