@@ -196,7 +196,8 @@ class Snapshot:
                 ``"process"`` hands staged objects, through shared memory, to a checkpoint
                 daemon process started on first use and reused, so checksumming and storage
                 calls never compete with training for the GIL.
-            Others: as for :meth:`take`.
+
+        The other arguments are as for :meth:`take`.
 
         Returns:
             A :class:`PendingSnapshot`: ``wait()`` returns the committed :class:`Snapshot` or
