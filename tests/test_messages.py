@@ -109,6 +109,8 @@ def test_a_missing_path_says_so_and_suggests_a_close_sibling(tmp_path: Path) -> 
     assert "nothing exists there" in message
     assert f"did you mean {str(tmp_path / 'step_1000')!r}" in message
     assert "nor at its parent" in str(_error(tmp_path / "no" / "such"))
+    unlike = str(_error(tmp_path / "zzz"))
+    assert "nothing exists there" in unlike and "did you mean" not in unlike and "check the path" in unlike
 
 
 def test_a_file_that_is_no_checkpoint_is_called_a_file(tmp_path: Path) -> None:

@@ -137,13 +137,16 @@ def _nothing_there(path: str) -> str:
             f"{path!r} is a file, not a snapshot (a snapshot is a directory holding {METADATA_FILENAME}), and not "
             "a checkpoint format snapshotkit import reads; open the snapshot's directory"
         )
-    parent, name = os.path.split(os.path.abspath(local))
+    parent, name = os.path.split(local.rstrip(os.sep))
     try:
-        siblings = os.listdir(parent)
+        siblings = os.listdir(parent or ".")
     except OSError:
         return f"no snapshot at {path!r}: nothing exists there, nor at its parent directory {parent!r}; check the path"
-    close = difflib.get_close_matches(name, siblings, n=3)
-    hint = f"; did you mean {' or '.join(repr(os.path.join(parent, c)) for c in close)}?" if close else ""
+    close = [repr(os.path.join(parent, c)) for c in difflib.get_close_matches(name, siblings, n=3)]
+    hint = ""
+    if close:
+        either = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}"
+        hint = f"; did you mean {either}?"
     return f"no snapshot at {path!r}: nothing exists there (its parent directory exists){hint or '; check the path'}"
 
 

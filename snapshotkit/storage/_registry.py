@@ -140,8 +140,10 @@ def _unknown_scheme(scheme: str, uri: str) -> str:
     with _registered_lock:
         ours = sorted({*_BUILTIN, *_registered, *_entry_point_schemes()})
     fsspec_known = fsspec_schemes()
-    close = difflib.get_close_matches(scheme, [*ours, *(fsspec_known or ())], n=3, cutoff=0.5)
-    typo = f"; did you mean {' or '.join(f'{c}://' for c in close)}?" if close else ""
+    close = difflib.get_close_matches(
+        scheme, list(dict.fromkeys([*ours, *sorted(fsspec_known or ())])), n=3, cutoff=0.5
+    )
+    typo = f"; did you mean {_either([f'{c}://' for c in close])}?" if close else ""
     found = f"no storage plugin for scheme {scheme!r} in {uri!r}: snapshotkit's plugins serve {', '.join(ours)}"
     register = (
         f"register a plugin for it with snapshotkit.storage.register_storage_plugin({scheme!r}, factory) (or install "
@@ -155,6 +157,11 @@ def _unknown_scheme(scheme: str, uri: str) -> str:
     if close:
         return f"{found}, and fsspec (installed) has no implementation for {scheme!r} either{typo}"
     return f"{found}, and fsspec (installed) has no implementation for {scheme!r} either. To use it, {register}"
+
+
+def _either(options: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"
 
 
 def open_storage_plugin(uri: str, storage_options: Mapping[str, Any] | None = None) -> StoragePlugin:
