@@ -11,9 +11,11 @@ from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import Entry, escape_key
+from snapshotkit._pending import PendingSnapshot
 from snapshotkit._restore import engine as restore_engine
 from snapshotkit._restore.bases import intact_bases, open_snapshot_storage
 from snapshotkit._restore.partial import RestoreReport
+from snapshotkit._runtime.progress import check_progress
 from snapshotkit._take import engine as take_engine
 from snapshotkit._take import warm as take_warm
 from snapshotkit._take.collect import TensorPrepareFunc
@@ -68,6 +70,7 @@ class Snapshot:
         include: Sequence[str] | None = None,
         exclude: Sequence[str] | None = None,
         base: str | os.PathLike[str] | Snapshot | None = None,
+        progress: bool = False,
     ) -> Snapshot:
         """Snapshot the state of every object in ``app_state`` to ``path``.
 
@@ -119,6 +122,8 @@ class Snapshot:
                 there as long as this snapshot is read (``snapshotkit consolidate`` makes a
                 self-contained copy). Restore, ``read_object``, verify, diff and export read an
                 incremental snapshot exactly like a full one.
+            progress: show a bar on stderr (bytes written of the total, rate) once the take has
+                run 2 s; it stays, in its final state, when the take ends.
 
         Returns:
             The committed snapshot.
@@ -143,6 +148,7 @@ class Snapshot:
             RankFailedError: another rank failed (its error is the cause); nothing was committed.
             CollectiveTimeoutError: other ranks did not reach a step of the take in time.
         """
+        show = check_progress(progress, "Snapshot.take")
         where = snapshot_path(path)
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
         group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)
@@ -159,6 +165,7 @@ class Snapshot:
             exclude=exclude,
             tensor_prepare_func=_custom_tensor_prepare_func,
             load_base=_base_loader(base, pg, options),
+            progress=show,
         )
         snapshot = cls(target, pg=pg, storage_options=options)
         snapshot._metadata = committed  # None on ranks other than 0: read on first use
@@ -180,6 +187,7 @@ class Snapshot:
         include: Sequence[str] | None = None,
         exclude: Sequence[str] | None = None,
         base: str | os.PathLike[str] | Snapshot | None = None,
+        progress: bool = False,
     ) -> PendingSnapshot:
         """Stage ``app_state`` and return; write and commit in the background.
 
@@ -196,6 +204,7 @@ class Snapshot:
                 ``"process"`` hands staged objects, through shared memory, to a checkpoint
                 daemon process started on first use and reused, so checksumming and storage
                 calls never compete with training for the GIL.
+            progress: as for :meth:`take`, for the background writes.
 
         The other arguments are as for :meth:`take`.
 
@@ -203,6 +212,7 @@ class Snapshot:
             A :class:`PendingSnapshot`: ``wait()`` returns the committed :class:`Snapshot` or
             raises what went wrong; ``done()`` polls.
         """
+        show = check_progress(progress, "Snapshot.async_take")
         where = snapshot_path(path)
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
         group = resolve_group(pg, timeout_seconds=config.collective_timeout_seconds)
@@ -220,6 +230,7 @@ class Snapshot:
             exclude=exclude,
             tensor_prepare_func=_custom_tensor_prepare_func,
             load_base=_base_loader(base, pg, options),
+            progress=show,
         )
         return PendingSnapshot(job, cls(job.path, pg=pg, storage_options=options))
 
@@ -293,6 +304,7 @@ class Snapshot:
         memory_budget_bytes: int | None = None,
         weights_only: bool = True,
         verify_checksums: bool | None = None,
+        progress: bool = False,
     ) -> RestoreReport:
         """Load the snapshot into the objects of ``app_state``, in place where possible.
 
@@ -323,6 +335,7 @@ class Snapshot:
                 ``False`` only for snapshots you trust.
             verify_checksums: check every piece's CRC-32C (default on, or
                 ``SNAPSHOTKIT_VERIFY_CHECKSUMS``).
+            progress: show a bar of the bytes read (see :meth:`take`).
 
         Returns:
             This rank's :class:`~snapshotkit.RestoreReport` (with several ranks, each rank gets
@@ -336,6 +349,7 @@ class Snapshot:
             IntegrityError: stored bytes are corrupt or truncated.
             StorageError: the store failed (the plugin's error is the cause).
         """
+        show = check_progress(progress, "Snapshot.restore")
         config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
         group = resolve_group(self.pg, timeout_seconds=config.collective_timeout_seconds)
         wanted = sorted(str(key) for key in app_state) if isinstance(app_state, Mapping) else []
@@ -348,6 +362,7 @@ class Snapshot:
             config=config,
             strict=strict,
             weights_only=weights_only,
+            progress=show,
         )
 
     def read_object(
@@ -433,44 +448,6 @@ class Snapshot:
             weights_only=weights_only,
             verify_checksums=verify_checksums,
         )
-
-
-class PendingSnapshot:
-    """A snapshot being written in the background; :meth:`wait` gives the committed :class:`Snapshot`.
-
-    Attributes:
-        path: where the snapshot is being written (rank 0's path).
-        pg: the process group of the take.
-    """
-
-    def __init__(self, job: take_engine.TakeJob, snapshot: Snapshot) -> None:
-        self.path = job.path
-        self.pg = snapshot.pg
-        self._job = job
-        self._snapshot = snapshot
-
-    def __repr__(self) -> str:
-        state = "done" if self.done() else "writing"
-        return f"PendingSnapshot({self.path!r}, {state})"
-
-    def done(self) -> bool:
-        """Whether the background work finished (committed, or failed)."""
-        return self._job.done()
-
-    def wait(self, timeout: float | None = None) -> Snapshot:
-        """Block until the snapshot is committed and return it; raise what went wrong.
-
-        Raises:
-            WaitTimeoutError: ``timeout`` seconds passed first; the snapshot keeps being
-                written and ``wait`` may be called again.
-            RankFailedError: another rank's writes failed (its error is the cause).
-            CheckpointDaemonError: the checkpoint daemon died.
-            StorageError, ...: this rank's own failure, as ``take`` would raise it.
-        """
-        metadata = self._job.wait(timeout)
-        if metadata is not None and self._snapshot._metadata is None:
-            self._snapshot._metadata = metadata
-        return self._snapshot
 
 
 def _base_loader(

@@ -356,7 +356,8 @@ def test_transfer_summary() -> None:
     assert transfer_summary(1000, 0.25) == "1000 B in 0.25 s (0.00 GiB/s)"
 
 
-_LINE = r"{} snapshot {}: [0-9.]+ (B|KiB|MiB) in [0-9.]+ s \([0-9.]+ GiB/s\), rank 0 of 1"
+_LINE = r"{} snapshot {}: 4 entries, [0-9.]+ (B|KiB|MiB) in [0-9.]+ s \([0-9.]+ GiB/s\), rank 0 of 1"
+_BLOCKED = r", caller blocked [0-9.]+ s"
 
 
 def test_a_healthy_run_logs_one_info_line_per_take_and_restore_and_nothing_worse(
@@ -374,8 +375,8 @@ def test_a_healthy_run_logs_one_info_line_per_take_and_restore_and_nothing_worse
     assert len(infos) == 4, infos
     expected = [
         ("snapshotkit.take", _LINE.format("took", re.escape(paths[0]))),
-        ("snapshotkit.take", _LINE.format("took", re.escape(paths[1]))),
-        ("snapshotkit.take", _LINE.format("took", re.escape(paths[2]))),
+        ("snapshotkit.take", _LINE.format("took", re.escape(paths[1])) + _BLOCKED),
+        ("snapshotkit.take", _LINE.format("took", re.escape(paths[2])) + _BLOCKED),
         ("snapshotkit.restore", _LINE.format("restored", re.escape(paths[0]))),
     ]
     for (name, message), (want_name, pattern) in zip(infos, expected, strict=True):

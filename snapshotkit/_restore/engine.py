@@ -7,7 +7,9 @@ manifest (:func:`load_metadata`)  ->  plan reads for the leaves wanted (:mod:`.p
 On several ranks of a gloo group, the pieces every rank wants (replicated state) are read once
 and broadcast (:mod:`.share`). A successful :func:`restore` reports itself on each rank: a
 ``restore_finished`` event (:mod:`snapshotkit._events`) with the bytes this rank read from
-storage and received from other ranks, and an INFO line on logger ``snapshotkit.restore``.
+storage and received from other ranks, and an INFO line on logger ``snapshotkit.restore`` (path,
+entries, bytes, seconds, GiB/s); DEBUG lines time its phases (plan, fetch, load). With
+``progress=True`` a bar (:mod:`snapshotkit._runtime.progress`) counts the bytes of the pieces read.
 :func:`read_object` reports nothing: it is a lookup, often one of many.
 """
 
@@ -23,7 +25,7 @@ from snapshotkit._config import Config
 from snapshotkit._dist import Group
 from snapshotkit._events import emit, format_bytes, transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import METADATA_FILENAME, Entry, ShardedTensorEntry, TensorEntry
+from snapshotkit._format.entries import METADATA_FILENAME, Entry, ShardedTensorEntry, TensorEntry, escape_key
 from snapshotkit._format.sharded import destination_boxes
 from snapshotkit._plan.flatten import inflate
 from snapshotkit._restore.absent import foreign_manifest, not_found
@@ -45,6 +47,7 @@ from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.loop import run_sync
+from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit.errors import (
     InvalidArgumentError,
     LogicalPathNotFoundError,
@@ -107,24 +110,31 @@ async def _load_metadata(plugin: StoragePlugin, path: str, wanted: Sequence[str]
         raise type(exc)(f"{path}/{METADATA_FILENAME}: {exc}") from None
 
 
-def _fetch(open_plugin: OpenPlugin, path: str, loader: LeafLoader, config: Config) -> int:
+def _fetch(
+    open_plugin: OpenPlugin, path: str, loader: LeafLoader, config: Config, bar: ByteProgress | None = None
+) -> int:
     """Read everything ``loader`` needs; the bytes read from storage."""
-    return run_sync(_read_and_close(_open(open_plugin, path), loader, config))
+    return run_sync(_read_and_close(_open(open_plugin, path), loader, config, bar))
 
 
-async def _read_and_close(plugin: StoragePlugin, loader: LeafLoader, config: Config) -> int:
+async def _read_and_close(
+    plugin: StoragePlugin, loader: LeafLoader, config: Config, bar: ByteProgress | None = None
+) -> int:
     # Not a closure: a failure's traceback holds this frame and the frame its function, so the
     # destinations a closure captured would live as long as the error.
     try:
         # Claimed pieces are proven against the data objects before anything is allocated for them.
         probed_bytes = await check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency)
         loader.allocate()
+        if bar is not None:
+            bar.set_total(sum(read.piece.nbytes for read in loader.reads))
         return probed_bytes + await read_pieces(
             plugin,
             loader.reads,
             budget=MemoryBudget(config.memory_budget_bytes),
             io_concurrency=config.io_concurrency,
             verify=config.verify_checksums,
+            on_bytes=bar.advance if bar is not None and bar.enabled else None,
         )
     finally:
         await plugin.close()
@@ -140,16 +150,22 @@ def restore(
     config: Config,
     strict: bool,
     weights_only: bool,
+    progress: bool = False,
 ) -> RestoreReport:
     """Load the snapshot into ``app_state`` on every rank of ``group``: every rank restored, or
     every rank raises (nobody trains on from a half-restored state). Returns this rank's report."""
     started_s = time.perf_counter()
     error: BaseException | None = None
-    report, moved = RestoreReport(), Transfer()
+    report, moved, entries = RestoreReport(), Transfer(), 0
+    bar = ByteProgress(f"restoring {path}", enabled=progress)
     try:
-        report, moved = _restore_rank(metadata, app_state, path, open_plugin, group, config, strict, weights_only)
+        report, moved, entries = _restore_rank(
+            metadata, app_state, path, open_plugin, group, config, strict, weights_only, bar
+        )
     except Exception as exc:
         error = exc
+    finally:
+        bar.close()
     try:
         group.exchange(None, error, "restore: loading the state")
     finally:
@@ -158,7 +174,8 @@ def restore(
     where = f"rank {group.rank} of {group.world_size}"
     nbytes, received = moved.read_bytes, moved.received_bytes
     shared = f", {format_bytes(received)} received from other ranks" if received else ""
-    logger.info("restored snapshot %s: %s%s, %s", path, transfer_summary(nbytes, seconds), shared, where)
+    moved_text = transfer_summary(nbytes, seconds)
+    logger.info("restored snapshot %s: %d entries, %s%s, %s", path, entries, moved_text, shared, where)
     emit("restore_finished", path=path, rank=group.rank, nbytes=nbytes, seconds=seconds, received_bytes=received)
     return report
 
@@ -172,22 +189,26 @@ def _restore_rank(
     config: Config,
     strict: bool,
     weights_only: bool,
-) -> tuple[RestoreReport, Transfer]:
-    """Restore this rank's state: its report, and the bytes it read and received."""
+    bar: ByteProgress,
+) -> tuple[RestoreReport, Transfer, int]:
+    """Restore this rank's state: its report, the bytes it read and received, and the entries
+    restored (leaves and containers)."""
     session = open_session(group, config)
     try:
         states_of = validate_app_state(app_state)
-        plan, moved = _plan_and_fetch(
-            metadata, states_of, path, open_plugin, group.rank, config, strict, weights_only, session
+        plan, moved, entries = _plan_and_fetch(
+            metadata, states_of, path, open_plugin, group.rank, config, strict, weights_only, session, bar
         )
     except Exception as exc:
         if session is not None:
             session.abandon(exc)  # the other ranks wait for this one to agree on sharing: they raise there
         drop_frames(exc)  # the failed fetch's buffers and fresh tensors go now, not at the next collection
         raise
+    loading_s = time.perf_counter()
     for step in plan.steps:
         step()
-    return plan.report, moved
+    logger.debug("restore %s: load %.3f s", path, time.perf_counter() - loading_s)
+    return plan.report, moved, entries
 
 
 def _plan_and_fetch(
@@ -200,10 +221,14 @@ def _plan_and_fetch(
     strict: bool,
     weights_only: bool,
     session: ShareSession | None,
-) -> tuple[RestorePlan, Transfer]:
+    bar: ByteProgress,
+) -> tuple[RestorePlan, Transfer, int]:
     loader = LeafLoader(weights_only=weights_only)
     view = rank_view(metadata, rank)
+    keys = {escape_key(key) for key in states_of}
+    entries = sum(1 for logical_path in view if logical_path.split("/", 1)[0] in keys)
     with gc_paused():
+        planning_s = time.perf_counter()
         plan = plan_restore(
             view,
             states_of,
@@ -212,13 +237,23 @@ def _plan_and_fetch(
             snapshot_path=path,
             hint=lambda key: missing_key_hint(metadata, key, rank),
         )
+        fetching_s = time.perf_counter()
+        logger.debug("restore %s: plan %.3f s", path, fetching_s - planning_s)
         if session is None:
-            return plan, Transfer(_fetch(open_plugin, path, loader, config))
-        return plan, _fetch_shared(_open(open_plugin, path), loader, config, session, view)
+            moved = Transfer(_fetch(open_plugin, path, loader, config, bar))
+        else:
+            moved = _fetch_shared(_open(open_plugin, path), loader, config, session, view, bar)
+        logger.debug("restore %s: fetch %.3f s", path, time.perf_counter() - fetching_s)
+        return plan, moved, entries
 
 
 def _fetch_shared(
-    plugin: StoragePlugin, loader: LeafLoader, config: Config, session: ShareSession, view: dict[str, Entry]
+    plugin: StoragePlugin,
+    loader: LeafLoader,
+    config: Config,
+    session: ShareSession,
+    view: dict[str, Entry],
+    bar: ByteProgress,
 ) -> Transfer:
     """:func:`_read_and_close`, with the pieces every rank wants read once and shared (collectives
     run on this thread, storage I/O on the loop)."""
@@ -226,6 +261,7 @@ def _fetch_shared(
         probed_bytes = run_sync(check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency))
         loader.allocate()
         shared, rest = session.share(plugin, loader.reads, view)
+        bar.set_total(sum(read.piece.nbytes for read in rest))  # the bar counts this rank's own reads
         own_bytes = run_sync(
             read_pieces(
                 plugin,
@@ -233,6 +269,7 @@ def _fetch_shared(
                 budget=MemoryBudget(config.memory_budget_bytes),
                 io_concurrency=config.io_concurrency,
                 verify=config.verify_checksums,
+                on_bytes=bar.advance if bar.enabled else None,
             )
         )
         return Transfer(probed_bytes + shared.read_bytes + own_bytes, shared.received_bytes)

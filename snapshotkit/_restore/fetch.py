@@ -97,6 +97,7 @@ async def _run_batch(
     budget: MemoryBudget,
     io_slots: asyncio.Semaphore,
     verify: bool,
+    on_bytes: Callable[[int], None] | None = None,
 ) -> None:
     bounce_bytes = sum(r.end - r.start for r in batch.requests if reads[r.tag].direct is None)
     gap_bytes = batch.nbytes - sum(r.end - r.start for r in batch.requests)
@@ -134,10 +135,17 @@ async def _run_batch(
                     read.consume(0, data)
 
         await to_thread(finish)
+        if on_bytes is not None:
+            on_bytes(batch.nbytes - gap_bytes)
 
 
 async def _run_streamed(
-    plugin: StoragePlugin, read: PieceRead, budget: MemoryBudget, io_slots: asyncio.Semaphore, verify: bool
+    plugin: StoragePlugin,
+    read: PieceRead,
+    budget: MemoryBudget,
+    io_slots: asyncio.Semaphore,
+    verify: bool,
+    on_bytes: Callable[[int], None] | None = None,
 ) -> None:
     """Fetch one large bounce piece in budget-sized sub-ranges, checksumming as it goes."""
     assert read.consume is not None
@@ -167,6 +175,8 @@ async def _run_streamed(
                 return value
 
             running = await to_thread(finish)
+            if on_bytes is not None:
+                on_bytes(length)
 
 
 async def check_extents(plugin: StoragePlugin, claims: Iterable[Claim], *, io_concurrency: int) -> int:
@@ -211,8 +221,12 @@ async def read_pieces(
     budget: MemoryBudget,
     io_concurrency: int,
     verify: bool,
+    on_bytes: Callable[[int], None] | None = None,
 ) -> int:
     """Fetch every piece in ``reads`` into its destination, merging nearby ranges.
+
+    ``on_bytes(n)`` is called (on the loop) as each batch or sub-range is verified and handed
+    over, with the bytes of the pieces in it (gaps not counted): the calls sum to the pieces' bytes.
 
     Returns the bytes read from storage: the merged ranges (with the small gaps between their
     pieces) and the pieces fetched in sub-ranges.
@@ -241,11 +255,11 @@ async def read_pieces(
 
     async def admitted_batch(batch: ReadBatch) -> None:
         async with admitted:
-            await _run_batch(plugin, batch, reads, budget, io_slots, verify)
+            await _run_batch(plugin, batch, reads, budget, io_slots, verify, on_bytes)
 
     async def admitted_stream(read: PieceRead) -> None:
         async with admitted:
-            await _run_streamed(plugin, read, budget, io_slots, verify)
+            await _run_streamed(plugin, read, budget, io_slots, verify, on_bytes)
 
     for read in empty:
         if verify:

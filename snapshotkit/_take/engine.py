@@ -15,8 +15,11 @@ data object this rank wrote is deleted and no manifest is written (:mod:`~snapsh
 Every take reports itself (:mod:`snapshotkit._events`, logger ``snapshotkit.take``), on each rank:
 ``take_started`` before anything is read; ``take_staged`` once the data is staged (``async_take``:
 when it returns; ``take``: once the data objects are written, before the commit); then exactly
-one of ``take_committed`` (and an INFO line) and ``take_failed``, from :meth:`TakeJob._finish`,
-which runs on the coordinator thread for ``async_take``: so the step is captured at the start.
+one of ``take_committed`` (and an INFO line, with the caller's blocked time for ``async_take``)
+and ``take_failed``, from :meth:`TakeJob._finish`, which runs on the coordinator thread for
+``async_take``: so the step is captured at the start. DEBUG lines time each phase: plan, stage
+(``take``'s inline writer writes while staging), write, commit. ``progress=True``: a bar of the
+bytes written (:mod:`snapshotkit._runtime.progress`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.rank_plan import TakePlan
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.gc import gc_paused
+from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit._take.commit import CommitPlan, discard, logical_paths_in, run_commit, storage_error
 from snapshotkit._take.prepare import LoadBase, PreparedTake, prepare_take
 from snapshotkit._take.stage import StagedObject
@@ -60,6 +64,8 @@ class TakeJob:
         path: rank 0's path, which every rank writes to.
         rank: this rank, and ``world_size`` ranks in all (for events and the log line).
         nbytes: the bytes this rank stages and writes.
+        entries: the manifest entries this rank writes.
+        progress: the bar the written bytes are counted into (closed when the take ends).
         step: the step the take's events carry (captured on the caller's thread).
         started_s: when the take started (``time.perf_counter()``; default: now).
     """
@@ -71,10 +77,16 @@ class TakeJob:
         rank: int = 0,
         world_size: int = 1,
         nbytes: int = 0,
+        entries: int = 0,
+        progress: ByteProgress | None = None,
         step: int | None = None,
         started_s: float | None = None,
     ) -> None:
         self.path = path
+        self.entries = entries
+        self.progress = progress if progress is not None else ByteProgress(path, enabled=False)
+        #: ``async_take``: how long the caller was blocked (staging); None for ``take``.
+        self.blocked_s: float | None = None
         self.rank = rank
         self.world_size = world_size
         self.nbytes = nbytes
@@ -117,6 +129,7 @@ class TakeJob:
         """Settle the take: report how it ended, then wake :meth:`wait` (so a caller that waited
         has seen the take's last event)."""
         try:
+            self.progress.close()
             seconds = time.perf_counter() - self.started_s
             if error is not None:
                 emit("take_failed", path=self.path, rank=self.rank, seconds=seconds, error=error, step=self.step)
@@ -126,7 +139,10 @@ class TakeJob:
                 where = f"rank {self.rank} of {self.world_size}"
                 if self.referenced_bytes:
                     where += f", {format_bytes(self.referenced_bytes)} referenced in base snapshots"
-                logger.info("took snapshot %s: %s, %s", self.path, transfer_summary(self.nbytes, seconds), where)
+                if self.blocked_s is not None:
+                    where += f", caller blocked {self.blocked_s:.2f} s"
+                moved = transfer_summary(self.nbytes, seconds)
+                logger.info("took snapshot %s: %d entries, %s, %s", self.path, self.entries, moved, where)
                 emit(
                     "take_committed",
                     path=self.path,
@@ -162,6 +178,7 @@ def take(
     exclude: object = None,
     tensor_prepare_func: object = None,
     load_base: LoadBase | None = None,
+    progress: bool = False,
 ) -> tuple[str, SnapshotMetadata | None]:
     """A synchronous take on every rank of ``group``: the path written (rank 0's) and, on rank 0,
     the committed metadata."""
@@ -178,6 +195,7 @@ def take(
         exclude=exclude,
         tensor_prepare_func=tensor_prepare_func,
         load_base=load_base,
+        progress=progress,
     )
     return job.path, job.wait()
 
@@ -196,6 +214,7 @@ def async_take(
     exclude: object = None,
     tensor_prepare_func: object = None,
     load_base: LoadBase | None = None,
+    progress: bool = False,
 ) -> TakeJob:
     """Stage and return; a background writer writes and a coordinator thread commits."""
     writer = background_writer(executor, config.background_niceness)
@@ -212,6 +231,7 @@ def async_take(
         exclude=exclude,
         tensor_prepare_func=tensor_prepare_func,
         load_base=load_base,
+        progress=progress,
     )
 
 
@@ -229,16 +249,20 @@ def start_take(
     exclude: object = None,
     tensor_prepare_func: object = None,
     load_base: LoadBase | None = None,
+    progress: bool = False,
 ) -> TakeJob:
     """Run the pipeline (module docstring) with ``writer``; return once staging is done.
 
     With the inline writer the writes and the commit also ran when this returns.
     ``user_metadata``, ``include``, ``exclude`` and ``tensor_prepare_func`` are the caller's
-    arguments, checked before anything is written; ``load_base`` reads an incremental take's base.
+    arguments, checked before anything is written; ``load_base`` reads an incremental take's base;
+    ``progress`` shows a bar of the bytes written.
     """
     started_s, step = time.perf_counter(), current_step()
     emit("take_started", path=path, rank=group.rank, step=step)
     options = dict(storage_options)
+    verb = "taking" if isinstance(writer, InlineWriter) else "writing (async_take)"
+    bar = ByteProgress(f"{verb} {path}", enabled=progress)
     try:
         prepared = prepare_take(
             path,
@@ -254,12 +278,13 @@ def start_take(
             load_base=load_base,
         )
     except BaseException as exc:
+        bar.close()
         seconds = time.perf_counter() - started_s
         emit("take_failed", path=path, rank=group.rank, seconds=seconds, error=exc, step=step)
         raise
-    return run_prepared(
-        prepared, group=group, config=config, storage_options=options, writer=writer, started_s=started_s, step=step
-    )
+    logger.debug("take %s: plan %.3f s", path, time.perf_counter() - started_s)
+    kwargs: dict[str, Any] = {"started_s": started_s, "step": step, "progress": bar}
+    return run_prepared(prepared, group=group, config=config, storage_options=options, writer=writer, **kwargs)
 
 
 def run_prepared(
@@ -271,9 +296,10 @@ def run_prepared(
     writer: Writer,
     started_s: float | None = None,
     step: int | None = None,
+    progress: ByteProgress | None = None,
 ) -> TakeJob:
     """Stage, write and commit a prepared take (the rest of :func:`start_take`, which passes
-    when the take started and its step)."""
+    when the take started, its step and its progress bar)."""
     options = dict(storage_options)
     target = Target(prepared.path, options, prepared.reuse)
     job = TakeJob(
@@ -281,9 +307,12 @@ def run_prepared(
         rank=group.rank,
         world_size=group.world_size,
         nbytes=prepared.plan.nbytes,
+        entries=len(prepared.plan.entries),
+        progress=progress,
         step=step,
         started_s=started_s,
     )
+    job.progress.set_total(prepared.plan.nbytes)
     try:
         commit = CommitPlan(
             prepared.path,
@@ -298,8 +327,10 @@ def run_prepared(
         rendezvous: Rendezvous = CollectiveRendezvous(group)
         if group.distributed and not isinstance(writer, InlineWriter):
             rendezvous = StoreRendezvous(group, f"snapshotkit/{prepared.take_id}/{prepared.path}")
+        staging_s = time.perf_counter()
         with gc_paused():
-            submitted, staging_error = _stage_and_submit(prepared, writer, target, config)
+            submitted, staging_error = _stage_and_submit(prepared, writer, target, config, job.progress)
+        logger.debug("take %s: stage %.3f s", job.path, time.perf_counter() - staging_s)
     except BaseException as exc:  # before anything was handed to _finish: the job still reports how it ended
         job._finish(exc)
         raise
@@ -311,6 +342,7 @@ def run_prepared(
         return job
     if staging_error is None:
         job._staged()  # before the coordinator starts: its events come after this one
+    job.blocked_s = time.perf_counter() - job.started_s
     thread = threading.Thread(
         target=_finish,
         args=(job, commit, writer, target, submitted, staging_error, rendezvous, group.rank, ("async_take",) * 2),
@@ -324,7 +356,7 @@ def run_prepared(
 
 
 def _stage_and_submit(
-    prepared: PreparedTake, writer: Writer, target: Target, config: Config
+    prepared: PreparedTake, writer: Writer, target: Target, config: Config, progress: ByteProgress
 ) -> tuple[list[_Submitted], BaseException | None]:
     """Stage every data object under the memory budget and hand it to ``writer``.
 
@@ -341,6 +373,8 @@ def _stage_and_submit(
         for item, cost in staged:
             job = writer.submit(target, item, io_slots)
             job.future.add_done_callback(_releaser(writer, budget, item, cost))
+            if progress.enabled:
+                job.future.add_done_callback(lambda _, nbytes=item.plan.nbytes: progress.advance(nbytes))
             submitted.append(_Submitted(item.plan, job))
         staged.clear()
 
@@ -420,12 +454,16 @@ def _finish(
 ) -> None:
     """Wait for this rank's writes, then commit; on any failure delete what this rank wrote."""
     try:
+        waiting_s = time.perf_counter()
         pieces, error = _wait_for_writes(submitted, error, commit.path, commit.plan)
+        committing_s = time.perf_counter()
+        logger.debug("take %s: write %.3f s", job.path, committing_s - waiting_s)
         job.referenced_bytes = sum(piece.nbytes for piece in pieces.values() if piece.base is not None)
         job.nbytes -= job.referenced_bytes  # the bytes written (padding aside)
         if error is None and isinstance(writer, InlineWriter):
             job._staged()  # zero-copy staging: the data is staged once it is written
         metadata = run_commit(commit, rendezvous, rank=rank, pieces=pieces, error=error, steps=steps)
+        logger.debug("take %s: commit %.3f s", job.path, time.perf_counter() - committing_s)
     except BaseException as exc:
         discard(commit, [item.plan.location for item in submitted])
         job._finish(exc)

@@ -213,7 +213,7 @@ async def refuse_existing(plugin: StoragePlugin, path: str, *, writer: str = "ta
     if exists:
         raise SnapshotExistsError(
             f"a snapshot already exists at {path!r}; snapshotkit never overwrites one. "
-            f"Give the {writer} a new path (e.g. one per step), or delete the old snapshot first"
+            f"Give the {writer} a new path (e.g. one per step: .../step_1000)"
         )
 
 

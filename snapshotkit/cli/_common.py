@@ -92,6 +92,24 @@ def memory_budget_option(func: F) -> F:
     )(func)
 
 
+def progress_option(func: F) -> F:
+    """Add ``--progress/--no-progress``; resolve it with :func:`show_progress`."""
+    return click.option(
+        "--progress/--no-progress",
+        "progress",
+        default=None,
+        help="Show a progress bar on stderr (bytes, rate) once the operation has run 2 s "
+        "(default: when stderr is a terminal, unless --json).",
+    )(func)
+
+
+def show_progress(progress: bool | None, common: Common) -> bool:
+    """``--progress``/``--no-progress`` if given; else on when stderr is a terminal and not ``--json``."""
+    if progress is not None:
+        return progress
+    return not common.json and Console(stderr=True).is_terminal
+
+
 def command_options(func: Callable[..., int]) -> Callable[..., None]:
     """Add ``--json``, ``--storage-option`` and ``--debug``; run the command, turning its
     return value or its error into the exit status."""

@@ -22,6 +22,8 @@ from snapshotkit.cli._common import (
     format_bytes,
     memory_budget_option,
     plural,
+    progress_option,
+    show_progress,
 )
 from snapshotkit.convert import consolidate_snapshot
 from snapshotkit.snapshot import Snapshot
@@ -33,8 +35,9 @@ SCHEMA = "snapshotkit.consolidate/1"
 @click.argument("src")
 @click.argument("dst")
 @memory_budget_option
+@progress_option
 @command_options
-def consolidate(src: str, dst: str, memory_budget_bytes: int | None, *, common: Common) -> int:
+def consolidate(src: str, dst: str, memory_budget_bytes: int | None, progress: bool | None, *, common: Common) -> int:
     """Copy the snapshot SRC to DST as a self-contained snapshot: every piece, its own and those an
     incremental SRC references in its bases, is copied (checksums verified) into DST, which then
     needs no base. DST may be any URL snapshotkit writes to and must not hold a snapshot yet; a
@@ -43,7 +46,11 @@ def consolidate(src: str, dst: str, memory_budget_bytes: int | None, *, common: 
     source = Snapshot(src, storage_options=common.storage_options)
     split = storage_split(source.metadata, source.path)
     copy = consolidate_snapshot(
-        src, dst, storage_options=common.storage_options, memory_budget_bytes=memory_budget_bytes
+        src,
+        dst,
+        storage_options=common.storage_options,
+        memory_budget_bytes=memory_budget_bytes,
+        progress=show_progress(progress, common),
     )
     objects = data_object_bytes(copy.metadata)
     seconds = time.perf_counter() - started_s

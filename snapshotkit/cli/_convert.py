@@ -22,6 +22,8 @@ from snapshotkit.cli._common import (
     format_bytes,
     memory_budget_option,
     plural,
+    progress_option,
+    show_progress,
 )
 from snapshotkit.convert import export_snapshot, import_snapshot
 
@@ -51,6 +53,7 @@ EXPORT_SCHEMA = "snapshotkit.export/1"
 )
 @click.option("--unsafe", is_flag=True, help="Unpickle arbitrary stored objects (weights_only=False).")
 @memory_budget_option
+@progress_option
 @command_options
 def export(
     snapshot: str,
@@ -61,6 +64,7 @@ def export(
     max_shard_bytes: int | None,
     unsafe: bool,
     memory_budget_bytes: int | None,
+    progress: bool | None,
     *,
     common: Common,
 ) -> int:
@@ -77,6 +81,7 @@ def export(
         storage_options=common.storage_options,
         memory_budget_bytes=memory_budget_bytes,
         weights_only=not unsafe,
+        progress=show_progress(progress, common),
     )
     if common.json:
         emit_json(
@@ -124,9 +129,18 @@ def export(
     help="Unpickle arbitrary objects of the source (weights_only=False): only for sources you trust.",
 )
 @memory_budget_option
+@progress_option
 @command_options
 def import_(
-    src: str, out: str, source: str | None, key: str, unsafe: bool, memory_budget_bytes: int | None, *, common: Common
+    src: str,
+    out: str,
+    source: str | None,
+    key: str,
+    unsafe: bool,
+    memory_budget_bytes: int | None,
+    progress: bool | None,
+    *,
+    common: Common,
 ) -> int:
     """Convert the checkpoint SRC (a torch.save file, a safetensors file or Hugging Face sharded
     directory, a DCP checkpoint, a torchsnapshot snapshot) into a snapshot at OUT.
@@ -142,6 +156,7 @@ def import_(
         storage_options=common.storage_options,
         memory_budget_bytes=memory_budget_bytes,
         weights_only=not unsafe,
+        progress=show_progress(progress, common),
     )
     if common.json:
         emit_json(

@@ -37,6 +37,7 @@ from snapshotkit._restore.engine import load_metadata
 from snapshotkit._restore.fetch import Claim, PieceRead, check_extents, read_pieces
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import run_sync
+from snapshotkit._runtime.progress import ByteProgress, check_progress
 from snapshotkit._take.commit import build_metadata, storage_error, write_manifest
 from snapshotkit._take.prepare import refuse_existing
 from snapshotkit.errors import InvalidArgumentError
@@ -73,6 +74,7 @@ def consolidate_snapshot(
     *,
     storage_options: Mapping[str, Any] | None = None,
     memory_budget_bytes: int | None = None,
+    progress: bool = False,
 ) -> Snapshot:
     """Write a self-contained copy of the snapshot at ``src`` (incremental or not) to ``dst``.
 
@@ -89,6 +91,7 @@ def consolidate_snapshot(
         storage_options: passed to the storage plugins of ``src``, its bases and ``dst``.
         memory_budget_bytes: host bytes the copy may hold at once (default as for restore). A
             single piece larger than about half of it is held whole.
+        progress: show a bar of the bytes copied on stderr, once the copy has run 2 s.
 
     Returns:
         The :class:`~snapshotkit.Snapshot` at ``dst``.
@@ -105,6 +108,7 @@ def consolidate_snapshot(
     """
     if storage_options is not None and not isinstance(storage_options, Mapping):
         raise InvalidArgumentError(f"storage_options must be a mapping, got {type(storage_options).__name__}")
+    check_progress(progress, "consolidate_snapshot")
     source_path, target_path = snapshot_path(src), snapshot_path(dst)
     options = dict(storage_options or {})
     config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
@@ -113,7 +117,9 @@ def consolidate_snapshot(
     gaps_bytes = max(budget_bytes // 8, 1)
     object_bytes = max(min(config.data_object_bytes, (budget_bytes - gaps_bytes) // 2), 1)
     objects = _layout(_distinct_pieces(metadata), object_bytes, uuid.uuid4().hex[:8])
-    run_sync(_consolidate(metadata, source_path, target_path, options, objects, config, gaps_bytes))
+    total_bytes = sum(obj.nbytes for obj in objects)
+    with ByteProgress(f"consolidating {source_path}", enabled=progress, total_bytes=total_bytes) as bar:
+        run_sync(_consolidate(metadata, source_path, target_path, options, objects, config, gaps_bytes, bar))
     return Snapshot(target_path, storage_options=options)
 
 
@@ -155,6 +161,7 @@ async def _consolidate(
     objects: Sequence[_DataObject],
     config: Config,
     gaps_bytes: int,
+    bar: ByteProgress,
 ) -> dict[_PieceKey, Piece]:
     target = _open(target_path, options)
     written: list[str] = []
@@ -165,7 +172,7 @@ async def _consolidate(
             # Every base checked and every data object proven long enough before a byte is written.
             claims = [Claim(c.logical_path, c.piece, False) for obj in objects for c in obj.copies if c.piece.nbytes]
             await check_extents(source, claims, io_concurrency=config.io_concurrency)
-            copied = await _copy(source, target, target_path, objects, config, gaps_bytes, written)
+            copied = await _copy(source, target, target_path, objects, config, gaps_bytes, written, bar)
         finally:
             await source.close()
         manifest = {key: _rewrite(entry, copied) for key, entry in metadata.manifest.items()}
@@ -195,6 +202,7 @@ async def _copy(
     config: Config,
     gaps_bytes: int,
     written: list[str],
+    bar: ByteProgress,
 ) -> dict[_PieceKey, Piece]:
     """Read each data object's pieces (verified) into one buffer and write it, the write of one
     overlapping the reads of the next; returns source piece -> its copy."""
@@ -217,7 +225,10 @@ async def _copy(
                 PieceRead(c.piece, c.logical_path, direct=buffer[c.offset : c.offset + c.piece.nbytes])
                 for c in obj.copies
             ]
-            await read_pieces(source, reads, budget=budget, io_concurrency=config.io_concurrency, verify=True)
+            on_bytes = bar.advance if bar.enabled else None
+            await read_pieces(
+                source, reads, budget=budget, io_concurrency=config.io_concurrency, verify=True, on_bytes=on_bytes
+            )
             for c in obj.copies:
                 end = c.offset + c.piece.nbytes
                 digest = c.piece.hash or content_hash(buffer[c.offset : end])

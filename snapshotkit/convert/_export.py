@@ -23,6 +23,7 @@ from typing import Any
 
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._runtime.frames import drop_frames
+from snapshotkit._runtime.progress import ByteProgress, check_progress
 from snapshotkit.convert import _to_safetensors, _to_torch
 from snapshotkit.convert._export_source import Source, Written, select_flat, select_tree
 from snapshotkit.convert._stream import fsync_path
@@ -65,6 +66,7 @@ def export_snapshot(
     storage_options: Mapping[str, Any] | None = None,
     memory_budget_bytes: int | None = None,
     weights_only: bool = True,
+    progress: bool = False,
 ) -> ExportReport:
     """Write the snapshot at ``src`` as a file (or directory) another library loads with its own API.
 
@@ -100,6 +102,8 @@ def export_snapshot(
         weights_only: load pickled objects as restore does, with ``torch.load(weights_only=True)``;
             an object that does not load is skipped (listed in the report). ``False`` only for
             snapshots you trust.
+        progress: show a bar of the bytes read on stderr (bytes done and rate: the total is not
+            known up front), once the export has run 2 s.
 
     Returns:
         An :class:`ExportReport`.
@@ -120,6 +124,7 @@ def export_snapshot(
     _check_max_shard_bytes(max_shard_bytes, target)
     if not isinstance(weights_only, bool):
         raise InvalidArgumentError(f"weights_only must be True or False, got {type(weights_only).__name__}")
+    check_progress(progress, "export_snapshot")
     if storage_options is not None and not isinstance(storage_options, Mapping):
         raise InvalidArgumentError(f"storage_options must be a mapping, got {type(storage_options).__name__}")
     source_path = snapshot_path(src)
@@ -127,6 +132,7 @@ def export_snapshot(
     config = Config.resolve(memory_budget_bytes=memory_budget_bytes)
     _refuse_existing(output)
     source = Source(source_path, storage_options or {}, config, weights_only)
+    source.progress = ByteProgress(f"exporting {source_path}", enabled=progress)
     try:
         written = _export(target, source, output, patterns, strip_prefix, max_shard_bytes)
     except BaseException as exc:
@@ -134,6 +140,8 @@ def export_snapshot(
         with contextlib.suppress(Exception):
             source.close()
         raise
+    finally:
+        source.progress.close()
     source.close()
     files = _files_of(output)
     skipped = tuple(sorted(written.skipped.items()))
@@ -203,7 +211,7 @@ def _exists(output: Path) -> ExportExistsError:
     what = "directory" if output.is_dir() else "file"
     return ExportExistsError(
         f"the export destination {str(output)!r} already exists (a {what}); an export never overwrites. "
-        "Remove it or choose another dst"
+        "Choose another dst"
     )
 
 

@@ -41,6 +41,7 @@ from snapshotkit._restore.place import LeafLoader
 from snapshotkit._restore.plan import close_matches, rank_view
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import run_sync
+from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit.errors import ConfigError, UnsafeObjectError
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
@@ -276,6 +277,8 @@ class Source:
         self._open: Callable[[], StoragePlugin] = lambda: open_snapshot_storage(path, options, bases)
         self.view = rank_view(self.metadata, 0)
         self._plugin: StoragePlugin | None = None
+        #: Counts the bytes of the pieces read (the export's bar; its total is not known up front).
+        self.progress = ByteProgress(path, enabled=False)
 
     def close(self) -> None:
         plugin, self._plugin = self._plugin, None
@@ -306,8 +309,14 @@ class Source:
         gaps at once (default: the export's budget); the bytes read from storage."""
         config = self.config
         budget = MemoryBudget(budget_bytes or config.memory_budget_bytes)
+        on_bytes = self.progress.advance if self.progress.enabled else None
         fetch = read_pieces(
-            self._storage(), reads, budget=budget, io_concurrency=config.io_concurrency, verify=config.verify_checksums
+            self._storage(),
+            reads,
+            budget=budget,
+            io_concurrency=config.io_concurrency,
+            verify=config.verify_checksums,
+            on_bytes=on_bytes,
         )
         return int(run_sync(fetch))
 

@@ -27,6 +27,7 @@ from snapshotkit._events import transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import DictEntry, ListEntry, pieces_of
 from snapshotkit._format.foreign import SOURCE_FORMATS
+from snapshotkit._runtime.progress import check_progress
 from snapshotkit.convert._detect import detect
 from snapshotkit.convert._from_dcp import read_dcp
 from snapshotkit.convert._from_safetensors import read_safetensors
@@ -83,6 +84,7 @@ def import_snapshot(
     storage_options: dict[str, Any] | None = None,
     memory_budget_bytes: int | None = None,
     weights_only: bool = True,
+    progress: bool = False,
 ) -> ImportReport:
     """Convert a checkpoint of another library into a snapshot at ``dst``.
 
@@ -108,6 +110,8 @@ def import_snapshot(
         weights_only: unpickle the source's objects with ``torch.load(weights_only=True)`` (and
             DCP's metadata with an unpickler that builds only its classes). Pass ``False`` only
             for checkpoints you trust: no code from a source runs unless you do.
+        progress: show a bar of the bytes written on stderr, once the take has run 2 s (see
+            ``Snapshot.take``).
 
     Returns:
         An :class:`ImportReport`.
@@ -123,6 +127,7 @@ def import_snapshot(
         StorageError: writing ``dst`` failed.
     """
     started_s = time.perf_counter()
+    check_progress(progress, "import_snapshot")
     source_path = _local_source(src)
     target = snapshot_path(dst)
     _check_options(source, key, weights_only)
@@ -143,6 +148,7 @@ def import_snapshot(
         storage_options=storage_options,
         memory_budget_bytes=memory_budget_bytes,
         metadata={IMPORT_METADATA_KEY: provenance},
+        progress=progress,
     )
     del app_state, loaded  # the mapped tensors: the files are unmapped when the last view goes
     paths, nbytes = _contents(snapshot.metadata)

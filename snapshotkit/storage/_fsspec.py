@@ -35,11 +35,31 @@ _CONTRACT_ERRORS = (FileNotFoundError, FileExistsError, EOFError, StorageError)
 
 def fsspec_knows(scheme: str) -> bool:
     """Whether fsspec is installed and has an implementation registered for ``scheme``."""
+    return scheme in (fsspec_schemes() or ())
+
+
+def fsspec_schemes() -> frozenset[str] | None:
+    """The schemes fsspec has an implementation for (installed or not); None if fsspec is not installed."""
     try:
         from fsspec.registry import known_implementations, registry
     except ImportError:
-        return False
-    return scheme in known_implementations or scheme in registry
+        return None
+    return frozenset({*known_implementations, *registry})
+
+
+def _missing_implementation(protocol: str, exc: ImportError) -> StorageError:
+    """fsspec knows ``protocol`` but cannot import its implementation: name the package to install."""
+    from fsspec.registry import known_implementations
+
+    known = known_implementations.get(protocol, {})
+    implementation = f" with {known['class']}" if "class" in known else ""
+    says = known.get("err") or str(exc)
+    error = StorageError(
+        f"fsspec serves the {protocol}:// scheme{implementation}, which cannot be imported ({says}); "
+        "install the package it names (pip install ...) into this environment"
+    )
+    error.__cause__ = exc
+    return error
 
 
 class FsspecStoragePlugin(StoragePlugin):
@@ -61,7 +81,10 @@ class FsspecStoragePlugin(StoragePlugin):
                 import fsspec
             except ImportError:  # pragma: no cover - the registry only routes here when fsspec imports
                 raise StorageError(f"the {protocol!r} scheme needs fsspec: pip install fsspec") from None
-            filesystem = fsspec.filesystem(protocol, **dict(storage_options or {}))
+            try:
+                filesystem = fsspec.filesystem(protocol, **dict(storage_options or {}))
+            except ImportError as exc:
+                raise _missing_implementation(protocol, exc) from exc
         self.protocol = protocol
         self.root = root.rstrip("/")
         self._fs = filesystem

@@ -14,6 +14,7 @@ option belongs to the retry layer: factories never see it.
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import re
 import threading
@@ -128,14 +129,39 @@ def url_to_storage_plugin(uri: str, storage_options: Mapping[str, Any] | None = 
         if fsspec_knows(scheme):
             return FsspecStoragePlugin(scheme, root, options)
     if factory is None:
-        known = sorted({*_BUILTIN, *_registered, *_entry_point_schemes()})
-        raise UnknownStorageSchemeError(
-            f"no storage plugin for scheme {scheme!r} in {uri!r}; known schemes: {', '.join(known)}. "
-            "Register one with snapshotkit.storage.register_storage_plugin(), install a distribution "
-            f"that declares it in the {ENTRY_POINT_GROUP!r} entry-point group, or install fsspec "
-            "(pip install fsspec) and the fsspec implementation of that scheme"
-        )
+        raise UnknownStorageSchemeError(_unknown_scheme(scheme, uri))
     return factory(root, options)
+
+
+def _unknown_scheme(scheme: str, uri: str) -> str:
+    """What was tried for ``scheme``, and the one thing to do: a typo, a plugin to register, or fsspec to install."""
+    from snapshotkit.storage._fsspec import fsspec_schemes
+
+    with _registered_lock:
+        ours = sorted({*_BUILTIN, *_registered, *_entry_point_schemes()})
+    fsspec_known = fsspec_schemes()
+    close = difflib.get_close_matches(
+        scheme, list(dict.fromkeys([*ours, *sorted(fsspec_known or ())])), n=3, cutoff=0.5
+    )
+    typo = f"; did you mean {_either([f'{c}://' for c in close])}?" if close else ""
+    found = f"no storage plugin for scheme {scheme!r} in {uri!r}: snapshotkit's plugins serve {', '.join(ours)}"
+    register = (
+        f"register a plugin for it with snapshotkit.storage.register_storage_plugin({scheme!r}, factory) (or install "
+        f"a distribution declaring one in the {ENTRY_POINT_GROUP!r} entry-point group)"
+    )
+    if fsspec_known is None:
+        return (
+            f"{found}, and fsspec, which serves many more, is not installed{typo}. For a scheme fsspec knows, "
+            f"pip install fsspec (and its implementation of {scheme!r}); otherwise {register}"
+        )
+    if close:
+        return f"{found}, and fsspec (installed) has no implementation for {scheme!r} either{typo}"
+    return f"{found}, and fsspec (installed) has no implementation for {scheme!r} either. To use it, {register}"
+
+
+def _either(options: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"
 
 
 def open_storage_plugin(uri: str, storage_options: Mapping[str, Any] | None = None) -> StoragePlugin:
