@@ -15,7 +15,9 @@ itself three times, each in a fresh process:
 The parent then checks that every loss after the resume point equals run A's exactly, that the final
 weights are identical, and reads single weights back from the snapshot with a small memory budget.
 
-    python examples/train_resume.py [--workdir DIR] [--steps 60] [--snapshot-every 10] [--crash-at 35]
+    python examples/train_resume.py [--workdir DIR | --keep] [--steps 60] [--snapshot-every 10] [--crash-at 35]
+
+Without --workdir it works in a new temporary directory and removes it at the end (--keep keeps it).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -208,14 +211,33 @@ def first_mismatch(ref: dict[str, str], got: dict[str, str], steps: range) -> st
 
 
 def main(args: argparse.Namespace) -> int:
-    t_start = time.perf_counter()
     if not 0 < args.snapshot_every <= args.crash_at < args.steps:
         sys.exit("need 0 < --snapshot-every <= --crash-at < --steps")
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="snapshotkit-demo-")).resolve()
-    if (workdir / "snapshots").exists():
-        sys.exit(f"{workdir / 'snapshots'} already exists; use a fresh --workdir")
-    workdir.mkdir(parents=True, exist_ok=True)
+    if args.workdir:
+        workdir = Path(args.workdir).resolve()
+        if (workdir / "snapshots").exists():
+            sys.exit(f"{workdir / 'snapshots'} already exists; use a fresh --workdir")
+        workdir.mkdir(parents=True, exist_ok=True)
+        return run_and_check(args, workdir)
+    # A work dir of our own is removed at the end, whatever happened, unless --keep asks otherwise.
+    workdir = Path(tempfile.mkdtemp(prefix="snapshotkit-demo-")).resolve()
+    try:
+        return run_and_check(args, workdir)
+    finally:
+        if args.keep:
+            print(f"[main] kept {workdir} (--keep)", flush=True)
+        else:
+            shutil.rmtree(workdir)
+            print(f"[main] removed {workdir} (--keep or --workdir DIR keeps the snapshots)", flush=True)
+
+
+def run_and_check(args: argparse.Namespace, workdir: Path) -> int:
+    """Run the three phases in ``workdir``, then compare them; 0 when every check passed."""
+    t_start = time.perf_counter()
     print(f"[main] workdir {workdir}", flush=True)
+    # torch makes its compiler cache dir (TMPDIR/torchinductor_<user>) the first time an optimizer
+    # steps; the phases inherit this, so nothing of the demo lands outside its work dir.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(workdir / "torch_cache"))
 
     common = [
         "--workdir",
@@ -278,7 +300,8 @@ def main(args: argparse.Namespace) -> int:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workdir", help="where snapshots and logs go (default: a new temp dir)")
+    p.add_argument("--workdir", help="where snapshots and logs go, kept (default: a new temp dir, removed at the end)")
+    p.add_argument("--keep", action="store_true", help="keep the default temp work dir instead of removing it")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--snapshot-every", type=int, default=10)
     p.add_argument("--crash-at", type=int, default=35)

@@ -1,15 +1,26 @@
-"""Shared fixtures, and the real object-store servers on loopback, one of each per session.
+"""Shared fixtures, the real object-store servers on loopback, and the check that the run leaves nothing behind.
 
 S3 is SeaweedFS ``weed mini`` and GCS is fake-gcs-server, both started through
 :mod:`snapshotkit.testing` (the benchmarks use the same helpers). A test that needs a server
 skips with the reason only when the server's package is missing; CI installs them all.
+
+The session runs with ``TMPDIR`` (and :data:`tempfile.tempdir`) pointing at a fresh private
+directory, inherited by every subprocess the tests start (ranks, daemons, servers, examples). At
+the end it must be empty: anything left there fails the run, listed by name, and the directory is
+removed either way.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import multiprocessing.util
 import os
-from collections.abc import Iterator
+import shutil
+import sys
+import tempfile
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +84,89 @@ def _restore_snapshotkit_logging() -> Iterator[None]:
     logger.handlers[:] = handlers
     logger.setLevel(level)
     logger.propagate = propagate
+
+
+# The private temp directory, and what TMPDIR, TORCHINDUCTOR_CACHE_DIR and tempfile.tempdir were.
+_SESSION_TMP = pytest.StashKey[tuple[Path, dict[str, str | None], str | None]]()
+# The root pytest makes in the temp directory for every user's tmp_path trees; it stays even when
+# it is empty (tmp_path_retention_policy = "none" removes what is inside it at the end).
+_PYTEST_ROOT_PREFIX = "pytest-of-"
+_LISTED_LEFTOVERS = 20
+
+
+# torch's compiler cache, which any torch program makes in the temp directory the first time an
+# optimizer steps (importing torch._dynamo); a cache meant to outlive the run, so not a leftover.
+_TORCH_CACHE = "torchinductor_cache"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point ``TMPDIR`` at a fresh private directory before any test or subprocess makes a temp file."""
+    private = Path(tempfile.mkdtemp(prefix="snapshotkit-tests-")).resolve()
+    previous_env = {name: os.environ.get(name) for name in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    config.stash[_SESSION_TMP] = (private, previous_env, tempfile.tempdir)
+    os.environ["TMPDIR"] = str(private)
+    tempfile.tempdir = str(private)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(private / _TORCH_CACHE))
+
+
+def _own_multiprocessing_dir() -> Path | None:
+    """This process's multiprocessing temp dir (the forkserver's socket is in it), if it made one.
+
+    multiprocessing removes it when the interpreter exits, after pytest has returned: not a leftover.
+    """
+    tempdir = multiprocessing.process.current_process()._config.get("tempdir")
+    return Path(tempdir).resolve() if tempdir else None
+
+
+def _leftovers(private: Path, own: Path | None) -> list[str]:
+    found: list[str] = []
+    for path in sorted(private.rglob("*")):
+        relative = path.relative_to(private)
+        if relative.parts[0] == _TORCH_CACHE or (own is not None and path.is_relative_to(own)):
+            continue
+        if relative.parts[0].startswith(_PYTEST_ROOT_PREFIX) and path.is_dir() and not any(path.iterdir()):
+            continue
+        if path.is_dir() and any(path.iterdir()):
+            continue  # its contents are listed instead
+        found.append(str(relative) + ("/" if path.is_dir() else ""))
+    return found
+
+
+# The innermost wrapper: it resumes after the session's own clean-up (fixtures torn down, servers
+# stopped, tmp_path trees removed) and before the terminal summary, which then shows its section.
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> Generator[None]:
+    """Fail the run if anything is left in the private temp directory; then remove the directory."""
+    result = yield
+    private, previous_env, previous_tempdir = session.config.stash[_SESSION_TMP]
+    own = _own_multiprocessing_dir()
+    leftovers = _leftovers(private, own)
+    if own is not None and own.is_relative_to(private):
+        # After multiprocessing's own removal of that dir at exit (finalizers run by priority, high first).
+        multiprocessing.util.Finalize(
+            None, shutil.rmtree, args=(private,), kwargs={"ignore_errors": True}, exitpriority=-200
+        )
+    else:
+        shutil.rmtree(private, ignore_errors=True)
+    for name, value in previous_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    tempfile.tempdir = previous_tempdir
+    if leftovers:
+        listed = "\n".join(f"  {name}" for name in leftovers[:_LISTED_LEFTOVERS])
+        more = f"\n  ... and {len(leftovers) - _LISTED_LEFTOVERS} more" if len(leftovers) > _LISTED_LEFTOVERS else ""
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (
+            f"the test run left {len(leftovers)} {'entry' if len(leftovers) == 1 else 'entries'} in its temp "
+            f"directory {private} (removed now); whatever made them must clean up:\n{listed}{more}"
+        )
+        if reporter is not None:
+            reporter.write_sep("=", "leftovers in the temp directory", red=True, bold=True)
+            reporter.write_line(message)
+        else:
+            sys.stderr.write(message + "\n")
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return result

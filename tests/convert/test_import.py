@@ -371,6 +371,7 @@ def _dcp_two_ranks(rank: int, world_size: int, path: str) -> None:
     dcp.save(state, checkpoint_id=path)
 
 
+@pytest.mark.slow
 def test_dcp_tensor_saved_in_chunks_by_two_ranks(tmp_path: Path) -> None:
     from multirank._harness import run_ranks
 
@@ -491,6 +492,7 @@ def _torchsnapshot_two_ranks(rank: int, world_size: int, path: str) -> dict[str,
     return {"model": {k: v.clone() for k, v in model.state_dict().items()}, "own": extra["own"]}
 
 
+@pytest.mark.slow
 def test_torchsnapshot_two_ranks(tmp_path: Path) -> None:
     from multirank._harness import run_ranks
 

@@ -311,6 +311,7 @@ def metadatas(draw: st.DrawFn) -> SnapshotMetadata:
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(metadata=metadatas())
 def test_documents_with_bases_and_hashes_round_trip(metadata: SnapshotMetadata) -> None:

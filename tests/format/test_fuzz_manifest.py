@@ -14,9 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CHILD = Path(__file__).parent / "_fuzz_child.py"
 
 
+@pytest.mark.slow
 def test_fuzzed_manifests_give_correct_data_or_a_snapshotkit_error(tmp_path: Path) -> None:
     examples = int(os.environ.get("SNAPSHOTKIT_FUZZ_EXAMPLES", "60"))
     seed = int(os.environ.get("SNAPSHOTKIT_FUZZ_SEED", "20261125"))

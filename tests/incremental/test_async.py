@@ -16,6 +16,7 @@ from ._incremental import CHUNK_BYTES, SMALL_PIECES, assert_bit_exact, reference
 NUMEL = 4 * CHUNK_BYTES // 4  # float32: four full pieces
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_async_incremental_take(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, executor: str) -> None:
     for name, value in SMALL_PIECES.items():

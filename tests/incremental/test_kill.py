@@ -17,6 +17,8 @@ from snapshotkit.errors import SnapshotNotFoundError
 from . import _children as child
 from ._incremental import assert_bit_exact
 
+pytestmark = pytest.mark.slow
+
 multiprocessing.set_forkserver_preload(["torch", "snapshotkit"])
 TRIALS = 6
 ENV = {"SNAPSHOTKIT_CHUNK_BYTES": str(256 * 1024), "SNAPSHOTKIT_MIN_REFERENCE_BYTES": str(64 * 1024)}
@@ -36,7 +38,6 @@ def _kill_at_random(root: Path, rng: random.Random) -> None:
     assert proc.exitcode == -9, f"the child ended before the kill (exit code {proc.exitcode})"
 
 
-@pytest.mark.slow
 def test_kill_during_incremental_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in ENV.items():
         monkeypatch.setenv(name, value)

@@ -16,7 +16,7 @@ from snapshotkit import Snapshot, StateDict
 
 from ._incremental import CHUNK_BYTES, SMALL_PIECES, assert_bit_exact, pieces, referenced
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 NUMEL = 4 * CHUNK_BYTES // 4  # float32: four full pieces
 ROWS, COLS = 256, 64  # float32: 64 rows (16 KiB) per piece, two pieces per half
 

@@ -75,6 +75,7 @@ def test_through_a_numpy_view(tmp_path: Path) -> None:
     assert take_changed(tmp_path, t, change) == ["../a", "../a", "../a", None]
 
 
+@pytest.mark.slow
 def test_by_another_process_through_shared_memory(tmp_path: Path) -> None:
     t = torch.arange(NUMEL, dtype=torch.float32).share_memory_()
 

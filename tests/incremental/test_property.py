@@ -120,6 +120,7 @@ def check_references(folder: str, names: list[str], expected: list[dict[str, Any
                 assert chunk in {c for t in leaves(expected[holder], "s").values() for c in chunks(t)}
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(data=st.data())
 def test_random_chains_restore_each_snapshot_bit_exact(

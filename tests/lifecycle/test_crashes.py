@@ -22,6 +22,8 @@ import torch
 from lifecycle import _crash_child as child
 from snapshotkit import SnapshotManager
 
+pytestmark = pytest.mark.slow
+
 multiprocessing.set_forkserver_preload(["torch", "snapshotkit"])
 TRIALS = int(os.environ.get("SNAPSHOTKIT_TEST_KILL_TRIALS", "20"))
 MANIFEST = ".snapshot_metadata"
@@ -63,7 +65,6 @@ def check_resume(root: Path) -> int | None:
     return step
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "async_take", "keep_last", "window_s"),
     [("save", True, 3, 0.6), ("deletion", False, 1, 0.6)],
@@ -81,7 +82,6 @@ def test_kill_during_save_or_deletion(
     assert any(step is not None for step in outcomes), "every kill came before the first commit"
 
 
-@pytest.mark.slow
 def test_kill_during_cleanup(tmp_path: Path) -> None:
     rng = random.Random(f"cleanup-{TRIALS}")
     template = tmp_path / "template"

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from lifecycle._runs import memory_root
@@ -111,6 +112,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigterm_saves_at_the_next_step_and_the_job_resumes_there(tmp_path: Path) -> None:
     root = str(tmp_path / "run")
     proc = subprocess.Popen(

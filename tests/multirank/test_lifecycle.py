@@ -14,7 +14,7 @@ from snapshotkit.errors import ConfigError, RankFailedError
 
 from ._harness import run_ranks
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
 def _take_and_restore(rank: int, world: int, path: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from snapshotkit.manifest import ShardedTensorEntry
 
 from ._harness import run_ranks
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
 def _fsdp_model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -26,7 +26,7 @@ from snapshotkit.manifest import ShardedTensorEntry, TensorEntry
 
 from ._harness import run_ranks
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
 def _model(seed: int = 0) -> torch.nn.Module:

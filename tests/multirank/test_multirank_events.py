@@ -16,7 +16,7 @@ from snapshotkit._events import step_scope
 
 from ._harness import run_ranks
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
 def _record(rank: int, world: int, path: str) -> list[tuple[Any, ...]]:

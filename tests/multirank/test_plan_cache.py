@@ -14,7 +14,7 @@ from snapshotkit import Snapshot, StateDict
 
 from ._harness import run_ranks
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "all_gather_object", "broadcast_object_list", "barrier")
 

@@ -22,7 +22,7 @@ from snapshotkit.manifest import ShardedTensorEntry
 
 from ._harness import run_ranks
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 ROWS, COLUMNS = 256, 32768  # float32, 32 MiB: 8 MiB per rank on 4 ranks, 8 sub-boxes of 1 MiB each
 

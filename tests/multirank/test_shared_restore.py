@@ -20,7 +20,7 @@ from snapshotkit.manifest import ObjectEntry, TensorEntry
 
 from ._harness import run_ranks
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 BUCKET = "snapshotkit-shared-restore"
 

@@ -16,7 +16,7 @@ from snapshotkit.manifest import ShardedTensorEntry
 
 from ._harness import run_ranks
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
 def _to_bfloat16(path: str, tensor: torch.Tensor, tracing: bool) -> torch.Tensor:

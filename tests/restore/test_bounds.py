@@ -45,6 +45,7 @@ def run_capped(snapshot: Path, calls: list[str], timeout_s: float = 120) -> list
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("claimed_bytes", [2 << 30, 1 << 40], ids=["2GiB", "1TiB"])
 def test_a_piece_larger_than_its_data_object_is_refused_before_allocating(tmp_path: Path, claimed_bytes: int) -> None:
     path = tmp_path / "snap"
@@ -63,6 +64,7 @@ def test_a_piece_larger_than_its_data_object_is_refused_before_allocating(tmp_pa
         assert entry["pieces"][0]["location"] in result["message"]
 
 
+@pytest.mark.slow
 def test_an_object_piece_larger_than_its_data_object_is_refused_before_allocating(tmp_path: Path) -> None:
     path = tmp_path / "snap"
     Snapshot.take(str(path), {"extras": StateDict(tags={3, 1, 2})})

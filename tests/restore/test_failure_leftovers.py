@@ -76,6 +76,7 @@ def test_failed_restores_free_their_buffers_without_a_garbage_collection(tmp_pat
     assert grown < _TENSOR_BYTES, f"RSS grew by {grown / _MIB:.0f} MiB over 6 failed restores"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fail", ["checksum", "data-read"])
 def test_failed_restores_report_no_unretrieved_asyncio_exceptions(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, fail: str

@@ -17,6 +17,8 @@ boto3 = pytest.importorskip("boto3", reason="the S3 tests check the server throu
 
 from snapshotkit.storage._s3 import S3StoragePlugin  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 BUCKET = "snapshotkit-conformance"
 PART_SIZE = 5 * 1024 * 1024  # S3's minimum, so a 12 MiB object takes the multipart path
 

@@ -223,6 +223,7 @@ def _nice_of_tasks(pid: int) -> dict[int, int]:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="per-thread niceness is a Linux feature")
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_background_writers_run_at_low_priority_and_the_caller_does_not(tmp_path: Path, executor: str) -> None:
@@ -246,6 +247,7 @@ def test_background_writers_run_at_low_priority_and_the_caller_does_not(tmp_path
         assert others and {nice[t.native_id] for t in others if t.native_id is not None} == {caller}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_interpreter_exit_with_a_pending_snapshot_finishes_it(tmp_path: Path, executor: str) -> None:
     path = tmp_path / "snap"
@@ -270,6 +272,7 @@ def test_interpreter_exit_with_a_pending_snapshot_finishes_it(tmp_path: Path, ex
     assert "leaked" not in done.stderr, done.stderr  # no leaked shared-memory segments
 
 
+@pytest.mark.slow
 def test_interpreter_killed_with_a_pending_snapshot_leaves_nothing_that_opens(tmp_path: Path) -> None:
     path = tmp_path / "snap"
     script = textwrap.dedent(
@@ -314,6 +317,7 @@ def _ranked(rank: int, world: int, path: str, executor: str, fail_rank: int) -> 
     return "ok"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("world", "executor"), [(2, "thread"), (2, "process"), (4, "thread")])
 def test_many_ranks_commit_through_the_store(tmp_path: Path, world: int, executor: str) -> None:
     from multirank._harness import run_ranks
@@ -347,6 +351,7 @@ def test_gpu_tensors_are_staged_through_pinned_buffers(tmp_path: Path) -> None: 
     assert torch.equal(Snapshot(str(tmp_path / "snap")).read_object("s/x"), torch.arange(1_000_000.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_a_background_failure_nobody_waited_for_is_reported_at_exit(tmp_path: Path, executor: str) -> None:
     # Before: an async_take that failed after its caller stopped looking (the interpreter exiting)

@@ -46,6 +46,7 @@ def make_state(tensors: int = 6, tensor_bytes: int = 4 * MIB) -> dict[str, Any]:
 CONFIG = {"memory_budget_bytes": 1 << 30}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_the_next_async_take_allocates_nothing_and_restores_bit_exact(tmp_path: Path, executor: str) -> None:
     state = make_state()
@@ -62,6 +63,7 @@ def test_the_next_async_take_allocates_nothing_and_restores_bit_exact(tmp_path: 
     assert dict(restored["extra"]) == {"step": 3, "name": "run"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_it_is_idempotent(executor: str) -> None:
     state = make_state()
@@ -79,6 +81,7 @@ def test_buffers_are_faulted_in_and_a_take_after_a_warm_take_needs_no_warm_up(tm
         assert int(raw.sum()) >= 0  # readable (the pages exist)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_the_memory_budget_bounds_what_is_prepared(executor: str) -> None:
     state = make_state(tensors=16, tensor_bytes=8 * MIB)  # 128 MiB: two 64 MiB data objects
