@@ -87,8 +87,7 @@ class TensorEntry(names.TensorNames):
     def nbytes(self) -> int:
         pieces = self.pieces
         if len(pieces) == 1:
-            start, end = pieces[0].byte_range
-            return end - start
+            return pieces[0].nbytes
         return sum(piece.nbytes for piece in pieces)
 
     @property

@@ -158,11 +158,11 @@ class LeafLoader:
 
         dtype = dtype_from_name(entry.dtype)
         itemsize = dtype.itemsize
-        nbytes = entry.nbytes
-        if nbytes != math.prod(entry.shape) * itemsize:
+        nbytes, needed = entry.nbytes, entry.numel * itemsize
+        if nbytes != needed:
             raise ManifestError(
                 f"{logical_path!r}: pieces hold {nbytes} bytes but dtype {entry.dtype} shape "
-                f"{list(entry.shape)} needs {entry.numel * itemsize}"
+                f"{list(entry.shape)} needs {needed}"
             )
         pieces = entry.pieces
         if len(pieces) == 1:
