@@ -9,6 +9,7 @@ round-trip through text unchanged.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import string
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapshotkit._format.checksum import content_hash
+from snapshotkit._format.entries import pieces_of
+from snapshotkit._take.reuse import build_reuse_index
 from snapshotkit.errors import ManifestError, ManifestIntegrityError, UnsupportedFormatVersionError
 from snapshotkit.manifest import (
     FORMAT_VERSION,
@@ -224,10 +227,28 @@ def test_a_version_4_manifest_without_bases_or_references_reads() -> None:
 
 
 def test_hashes_are_optional_in_version_4() -> None:
-    """A version-4 piece without a hash reads; a writer simply cannot reference it later."""
+    """A version-4 piece without a hash reads (its hash None, the rest of it as written); a writer
+    simply cannot reference it later: an incremental take on it finds nothing to match."""
     document = golden_document()
     _piece("hash", referenced=False, delete=True)(document)
-    SnapshotMetadata.from_text(encode_document(document))
+    metadata = SnapshotMetadata.from_text(encode_document(document))
+    golden = SnapshotMetadata.from_text((INCREMENTAL / ".snapshot_metadata").read_bytes())
+
+    def every_piece(of: SnapshotMetadata) -> list[Piece]:
+        return [piece for _, entry in sorted(of.manifest.items()) for piece in pieces_of(entry)]
+
+    changed = [(was, now) for was, now in zip(every_piece(golden), every_piece(metadata), strict=True) if was != now]
+    assert len(changed) == 1, changed  # only the piece whose hash was removed
+    was, now = changed[0]
+    assert was.hash is not None and was.base is None
+    assert now == dataclasses.replace(was, hash=None)
+
+    def offered(of: SnapshotMetadata) -> set[tuple[str, tuple[int, int]]]:
+        index = build_reuse_index(str(INCREMENTAL.parent / "next"), str(INCREMENTAL), of, min_bytes=0)
+        return {(piece.location, piece.byte_range) for piece in index.by_hash.values()}
+
+    assert (was.location, was.byte_range) in offered(golden)
+    assert (was.location, was.byte_range) not in offered(metadata)
 
 
 def test_unused_bases_read() -> None:

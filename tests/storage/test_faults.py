@@ -162,4 +162,3 @@ def test_read_through_faults(tmp_path: Path, scheme: str, regime: str, how: str)
         Snapshot.take(str(path), state)
         snapshot = Snapshot(f"{scheme}://{path}", storage_options=_options(regime, seed))
         _outcome(how, regime, functools.partial(_read, how, snapshot, state))
-
