@@ -165,6 +165,7 @@ class _Submitted:
     job: WriteJob
 
 
+@gc_paused()  # the whole take: the caller is blocked anyway (snapshotkit._runtime.gc says why)
 def take(
     path: str,
     app_state: object,
@@ -200,6 +201,7 @@ def take(
     return job.path, job.wait()
 
 
+@gc_paused()  # while the caller is blocked: planning and staging
 def async_take(
     path: str,
     app_state: object,
