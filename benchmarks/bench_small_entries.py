@@ -9,10 +9,16 @@ drop it -- a cold one:
 * ``restore``: ``Snapshot(path).restore()`` in place into pre-allocated tensors (checksums on);
 * ``safetensors``: ``safetensors.torch.load_file`` + ``copy_`` into the same destinations;
 * ``read_object``: ``Snapshot(path).read_object()`` of one entry (manifest read and decode included);
-* ``take`` and ``torch.save`` (+ fsync) of the same state.
+* ``take`` and ``torch.save`` (+ fsync) of the same state;
+* ``take_again``: a second take of the same state in the same process, after one untimed take
+  (a repeated take: the plan of the first is reused where the checkout has a plan cache).
+
+Takes also record the CPU time of the process and of the calling thread, and the cyclic garbage
+collections (full ones apart) that ran while they were timed.
 
 ``--compare-with DIR`` runs every operation a second time with another snapshotkit checkout on
-``PYTHONPATH`` (say, ``main`` before a change), interleaved, so before/after come from one run.
+``PYTHONPATH`` (say, ``main`` before a change), interleaved, so before/after come from one run;
+``--compare-with NAME=DIR`` names it, and the option may be repeated. ``--ops`` runs a subset.
 Restored values are checked bit for bit. Method and results: docs/benchmarks.md
 ("Many small entries").
 
@@ -20,10 +26,13 @@ Usage::
 
     python benchmarks/bench_small_entries.py --out small.json
     python benchmarks/bench_small_entries.py --compare-with /work/main --repeats 5 --out small.json
+    python benchmarks/bench_small_entries.py --compare-with before=/src/old --compare-with main=/work/main \
+        --ops take,take_again,torch_save --repeats 15 --out takes.json
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -38,7 +47,8 @@ from _harness import cli
 from _harness import measure as M
 from _harness import report as R
 
-OPS = ("raw", "restore", "safetensors", "read_object", "take", "torch_save")
+OPS = ("raw", "restore", "safetensors", "read_object", "take", "take_again", "torch_save")
+TAKES = ("take", "take_again")
 READS = ("raw", "restore", "safetensors", "read_object")
 
 
@@ -68,11 +78,22 @@ def child(op: str, work: Path, count: int, tensor_bytes: int) -> dict[str, Any]:
 
     snap, st_file = work / "snap", work / "state.safetensors"
     verify: dict[str, Any] | None = None
-    if op in ("take", "torch_save"):
+    extra: dict[str, Any] = {}
+    if op in (*TAKES, "torch_save"):
         state = make_state(count, tensor_bytes)
         target = work / f"{op}-out"
+        if op == "take_again":
+            snapshotkit.Snapshot.take(str(work / "take_again-first-out"), {"m": snapshotkit.StateDict(state)})
+        collections: list[int] = []
+
+        def count_collections(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                collections.append(info["generation"])
+
+        gc.callbacks.append(count_collections)
+        cpu, main_cpu = time.process_time(), time.thread_time()
         started = time.perf_counter()
-        if op == "take":
+        if op in TAKES:
             snapshotkit.Snapshot.take(str(target), {"m": snapshotkit.StateDict(state)})
         else:
             with open(target, "wb") as f:
@@ -80,6 +101,14 @@ def child(op: str, work: Path, count: int, tensor_bytes: int) -> dict[str, Any]:
                 f.flush()
                 os.fsync(f.fileno())
         seconds = time.perf_counter() - started
+        cpu, main_cpu = time.process_time() - cpu, time.thread_time() - main_cpu
+        gc.callbacks.remove(count_collections)
+        extra = {
+            "cpu_s": cpu,
+            "main_thread_cpu_s": main_cpu,
+            "gc_collections": len(collections),
+            "gc_full_collections": collections.count(2),
+        }
     elif op == "raw":
         files = data_files(snap)
         buffer = bytearray(sum(p.stat().st_size for p in files))
@@ -109,7 +138,7 @@ def child(op: str, work: Path, count: int, tensor_bytes: int) -> dict[str, Any]:
     if verify is not None:
         expected = make_state(count, tensor_bytes)
         ok = all(torch.equal(expected[k], v) for k, v in verify.items())
-    return {"time_s": seconds, "ok": ok}
+    return {"time_s": seconds, "ok": ok, **extra}
 
 
 def run_child(args: Any, op: str, work: Path, pythonpath: str, cold: bool) -> dict[str, Any]:
@@ -131,11 +160,23 @@ def parse_args(argv: list[str] | None = None) -> Any:
     ap.add_argument("--count", type=int, default=20_000, help="number of tensors (20000)")
     ap.add_argument("--tensor-bytes", type=cli.parse_size, default=4 * cli.KiB, help="bytes per tensor (4KiB)")
     ap.add_argument("--repeats", type=int, default=3, help="repeats per operation; the median is reported")
-    ap.add_argument("--compare-with", default=None, help="another snapshotkit checkout to time alongside")
+    ap.add_argument(
+        "--compare-with",
+        action="append",
+        default=[],
+        help="another snapshotkit checkout to time alongside, DIR or NAME=DIR (repeatable)",
+    )
+    ap.add_argument("--ops", default=",".join(OPS), help=f"operations to run (default: {','.join(OPS)})")
     ap.add_argument("--op-timeout", type=float, default=600.0, help="seconds per operation")
     ap.add_argument("--child", default=None, help="(internal) run one operation and print its JSON")
     ap.add_quick("tiny sizes for the smoke test", count=200, tensor_bytes=1024, repeats=1)
     return ap.parse(argv)
+
+
+def _commit(checkout: str) -> str | None:
+    """The commit checked out at ``checkout`` (None if it is not a git work tree)."""
+    proc = subprocess.run(["git", "-C", checkout, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return proc.stdout.strip() or None
 
 
 def prepare(work: Path, count: int, tensor_bytes: int) -> None:
@@ -156,14 +197,22 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child, Path(args.dir), args.count, args.tensor_bytes)))
         return 0
     here = str(Path(__file__).resolve().parents[1])
-    checkouts = {"this": here} | ({"compare": str(Path(args.compare_with).resolve())} if args.compare_with else {})
+    checkouts = {"this": here}
+    for number, spec in enumerate(args.compare_with):
+        name, equals, where = spec.rpartition("=")
+        name = name if equals else "compare" if number == 0 else f"compare{number + 1}"
+        checkouts[name] = str(Path(where).resolve())
+    ops = [op for op in args.ops.split(",") if op]
+    unknown = sorted(set(ops) - set(OPS))
+    if unknown:
+        raise SystemExit(f"--ops: unknown operation(s) {unknown}; choose from {', '.join(OPS)}")
     caches = ["warm"] + (["cold"] if M.can_drop_caches() else [])
     with cli.scratch_dir(args.dir, "snapshotkit-small-") as scratch:
         prepare(scratch, args.count, args.tensor_bytes)
         runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
         for rep in range(args.repeats):
             for cache in caches:
-                for op in OPS:
+                for op in ops:
                     if cache == "cold" and op not in READS:
                         continue
                     for name, pythonpath in checkouts.items():
@@ -179,13 +228,20 @@ def main(argv: list[str] | None = None) -> int:
                 "median_s": M.median(r["time_s"] for r in good),
                 "ok": len(good) == len(value["runs"]),
                 "caches": sorted({r["cache"] for r in value["runs"]}),
+                "times_s": [r["time_s"] for r in good],
             }
+            if good and "cpu_s" in good[0]:
+                results[key].update(
+                    median_cpu_s=M.median(r["cpu_s"] for r in good),
+                    median_main_thread_cpu_s=M.median(r["main_thread_cpu_s"] for r in good),
+                    full_gc_runs=sum(1 for r in good if r["gc_full_collections"]),
+                )
         ratios: dict[str, Any] = {}
         for name in checkouts:
             for cache in caches:
 
                 def s(op: str, name: str = name, cache: str = cache) -> float | None:
-                    rec = results.get(f"{name} {op} {'warm' if op in ('take', 'torch_save') else cache}", {})
+                    rec = results.get(f"{name} {op} {'warm' if op in (*TAKES, 'torch_save') else cache}", {})
                     value: float | None = rec.get("median_s")
                     return value
 
@@ -193,9 +249,11 @@ def main(argv: list[str] | None = None) -> int:
                     "restore_vs_raw_read": M.ratio(s("raw"), s("restore")),
                     "restore_speedup_over_safetensors": M.ratio(s("safetensors"), s("restore")),
                     "take_speedup_over_torch_save": M.ratio(s("torch_save"), s("take")),
+                    "take_again_speedup_over_torch_save": M.ratio(s("torch_save"), s("take_again")),
                     "read_object_s": s("read_object"),
                 }
-        report = R.new_report("bench_small_entries", scratch, config={**vars(args), "checkouts": checkouts})
+        config = {**vars(args), "checkouts": checkouts, "commits": {n: _commit(p) for n, p in checkouts.items()}}
+        report = R.new_report("bench_small_entries", scratch, config=config)
         report.update(results=results, ratios=ratios)
     Path(args.out).write_text(json.dumps(report, indent=2, sort_keys=True))
     for key, value in sorted(results.items()):
