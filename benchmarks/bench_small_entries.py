@@ -18,7 +18,9 @@ collections (full ones apart) that ran while they were timed.
 
 ``--compare-with DIR`` runs every operation a second time with another snapshotkit checkout on
 ``PYTHONPATH`` (say, ``main`` before a change), interleaved, so before/after come from one run;
-``--compare-with NAME=DIR`` names it, and the option may be repeated. ``--ops`` runs a subset.
+``--compare-with NAME=DIR`` names it, and the option may be repeated; each repetition starts
+with the next checkout in turn, and a child that imported another checkout's snapshotkit stops
+the run. ``--ops`` runs a subset.
 Restored values are checked bit for bit. Method and results: docs/benchmarks.md
 ("Many small entries").
 
@@ -138,7 +140,7 @@ def child(op: str, work: Path, count: int, tensor_bytes: int) -> dict[str, Any]:
     if verify is not None:
         expected = make_state(count, tensor_bytes)
         ok = all(torch.equal(expected[k], v) for k, v in verify.items())
-    return {"time_s": seconds, "ok": ok, **extra}
+    return {"time_s": seconds, "ok": ok, "snapshotkit_dir": str(Path(snapshotkit.__file__).resolve().parent), **extra}
 
 
 def run_child(args: Any, op: str, work: Path, pythonpath: str, cold: bool) -> dict[str, Any]:
@@ -150,7 +152,11 @@ def run_child(args: Any, op: str, work: Path, pythonpath: str, cold: bool) -> di
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.op_timeout)
     if proc.returncode != 0:
         return {"ok": False, "error": proc.stderr[-2000:], "cache": cache}
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "cache": cache}
+    record: dict[str, Any] = {**json.loads(proc.stdout.strip().splitlines()[-1]), "cache": cache}
+    measured = Path(record.pop("snapshotkit_dir"))
+    if measured.parent != Path(pythonpath).resolve():  # a comparison of one code with itself
+        raise SystemExit(f"the child imported snapshotkit from {measured}, not from the checkout {pythonpath}")
+    return record
 
 
 def parse_args(argv: list[str] | None = None) -> Any:
@@ -215,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                 for op in ops:
                     if cache == "cold" and op not in READS:
                         continue
-                    for name, pythonpath in checkouts.items():
+                    order = list(checkouts.items())
+                    order = order[rep % len(order) :] + order[: rep % len(order)]  # no checkout always first
+                    for name, pythonpath in order:
                         rec = run_child(args, op, scratch, pythonpath, cache == "cold")
                         runs.setdefault(f"{name} {op} {cache}", {}).setdefault("runs", []).append(rec)
                         R.progress(f"[{rep + 1}/{args.repeats}] {name} {op} ({rec['cache']}): {R.status(rec)}")
@@ -229,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ok": len(good) == len(value["runs"]),
                 "caches": sorted({r["cache"] for r in value["runs"]}),
                 "times_s": [r["time_s"] for r in good],
+                "runs": value["runs"],
             }
             if good and "cpu_s" in good[0]:
                 results[key].update(

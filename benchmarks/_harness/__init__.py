@@ -17,6 +17,7 @@ Only the standard library is imported at module level, so a launcher stays light
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ from typing import Any
 Record = dict[str, Any]
 
 # The scripts import snapshotkit lazily; from a checkout that is not installed, it must still be
-# the checkout's snapshotkit they measure.
+# the checkout's snapshotkit they measure -- unless PYTHONPATH names a snapshotkit checkout: that
+# one is measured (bench_small_entries --compare-with runs its children so).
 REPO_ROOT = Path(__file__).resolve().parents[2]
-if (REPO_ROOT / "snapshotkit").is_dir() and str(REPO_ROOT) not in sys.path:
+_CHOSEN = any((Path(p) / "snapshotkit").is_dir() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+if (REPO_ROOT / "snapshotkit").is_dir() and str(REPO_ROOT) not in sys.path and not _CHOSEN:
     sys.path.insert(0, str(REPO_ROOT))
