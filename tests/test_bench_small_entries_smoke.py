@@ -3,10 +3,11 @@ It asserts nothing about speed; the real run is in docs/benchmarks.md."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
-from _benchmarks import run_quick
+from _benchmarks import REPO, run_quick
 
 
 @pytest.mark.slow
@@ -17,3 +18,16 @@ def test_bench_small_entries_smoke(tmp_path: Path) -> None:
         assert record["ok"], key
         assert record["median_s"] is not None and record["median_s"] >= 0, key
     assert set(report["ratios"]) >= {"this warm"}
+
+
+@pytest.mark.slow
+def test_compare_with_measures_the_checkout_it_names(tmp_path: Path) -> None:
+    """Each child imports the checkout it was given (issue 24: the harness put the benchmark's own
+    checkout first on sys.path, so every comparison timed one code against itself); the benchmark
+    stops on a child that imported another."""
+    other = tmp_path / "other"
+    shutil.copytree(REPO / "snapshotkit", other / "snapshotkit", ignore=shutil.ignore_patterns("__pycache__"))
+    _, report = run_quick("bench_small_entries.py", tmp_path, "--compare-with", f"other={other}", "--ops", "take")
+    assert report["config"]["checkouts"] == {"this": str(REPO.resolve()), "other": str(other.resolve())}
+    assert report["results"]["other take warm"]["ok"]
+    assert report["results"]["this take warm"]["ok"]
