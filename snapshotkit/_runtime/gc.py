@@ -11,13 +11,15 @@ left alive once, as the young collections would have.
 
 Pauses nest and may overlap across threads (``async_take``'s coordinator thread and the caller's
 next take): the collector is re-enabled when the last pause ends, if it was enabled when the
-first began.
+first began. A process forked during a pause (by another thread) has none of the pausing threads:
+it starts with no pause and the collector as it was before the pause.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 from collections.abc import Iterator
 
@@ -43,3 +45,16 @@ def gc_paused() -> Iterator[None]:
             _depth -= 1
             if _depth == 0 and _was_enabled:
                 gc.enable()
+
+
+def _forget_pauses_after_fork() -> None:
+    global _lock, _depth
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    if _depth:
+        _depth = 0
+        if _was_enabled:
+            gc.enable()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pauses_after_fork)

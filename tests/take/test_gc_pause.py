@@ -9,6 +9,7 @@ collect dozens of times, and count the collections that run while the caller is 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,3 +128,22 @@ def test_a_pause_leaves_a_disabled_collector_disabled() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # Python >= 3.12
+def test_a_process_forked_during_a_pause_collects_again() -> None:
+    read, write = os.pipe()
+    with gc_paused():
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running the parent's cleanups
+            os.write(write, b"1" if gc.isenabled() else b"0")
+            os._exit(0)
+    os.close(write)
+    try:
+        answer = os.read(read, 1)
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert answer == b"1"
+    assert gc.isenabled()
