@@ -20,6 +20,7 @@ slot, in order: :func:`~snapshotkit._take.reuse.decide`, then
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import multiprocessing.connection
 import sys
@@ -108,6 +109,15 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
             view.release()
         return written
 
+    async def close_segment(segment: shared_memory.SharedMemory) -> None:
+        # On the loop, after the writes that used it (they finished before the trainer freed it).
+        try:
+            segment.close()
+        except BufferError:  # views only reference cycles still hold (a failed write's frames)
+            gc.collect()
+            with contextlib.suppress(BufferError):
+                segment.close()
+
     def receive() -> None:
         while True:
             try:
@@ -116,10 +126,10 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
                 break
             if message[0] == "stop":
                 break
-            if message[0] == "release":
+            if message[0] == "release":  # the trainer freed a pooled segment: unmap it
                 segment = segments.pop(message[1], None)
                 if segment is not None:
-                    segment.close()
+                    asyncio.run_coroutine_threadsafe(close_segment(segment), loop)
                 continue
             asyncio.run_coroutine_threadsafe(write(*message[1:]), loop)
         loop.call_soon_threadsafe(loop.stop)

@@ -25,6 +25,7 @@ bytes written (:mod:`snapshotkit._runtime.progress`).
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
 import logging
 import threading
@@ -40,9 +41,9 @@ from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.rank_plan import TakePlan
-from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.progress import ByteProgress
+from snapshotkit._runtime.staging import StagingBudget, staging_budget
 from snapshotkit._take.commit import CommitPlan, discard, logical_paths_in, run_commit, storage_error
 from snapshotkit._take.prepare import LoadBase, PreparedTake, prepare_take
 from snapshotkit._take.stage import StagedObject
@@ -360,30 +361,34 @@ def _stage_and_submit(
 ) -> tuple[list[_Submitted], BaseException | None]:
     """Stage every data object under the memory budget and hand it to ``writer``.
 
-    A writer that defers writes gets its staged objects when staging would otherwise wait for
-    the budget, or at the end. Returns what was submitted and the error that stopped staging.
+    The budget is the process's one staging budget (:mod:`snapshotkit._runtime.staging`), shared
+    with every other take in flight: staging waits for bytes their writes give back as it waits
+    for its own. A writer that defers writes gets its staged objects when staging would otherwise
+    wait for the budget, or at the end. Returns what was submitted and the error that stopped staging.
     """
     payloads = prepared.local.payloads
-    budget = MemoryBudget(config.memory_budget_bytes)
+    budget = staging_budget()
+    budget_bytes = config.memory_budget_bytes
     io_slots = writer.io_slots(config.io_concurrency)
     submitted: list[_Submitted] = []
-    staged: list[tuple[StagedObject, int]] = []
+    staged: collections.deque[tuple[StagedObject, int]] = collections.deque()
 
     def submit_staged() -> None:
-        for item, cost in staged:
+        while staged:
+            item, cost = staged[0]
             job = writer.submit(target, item, io_slots)
+            staged.popleft()  # from here on its write gives its buffer and its bytes back
             job.future.add_done_callback(_releaser(writer, budget, item, cost))
             if progress.enabled:
                 job.future.add_done_callback(lambda _, nbytes=item.plan.nbytes: progress.advance(nbytes))
             submitted.append(_Submitted(item.plan, job))
-        staged.clear()
 
     try:
         for plan in prepared.plan.data_objects:
             cost = writer.staging_cost(plan, payloads)
-            if staged and not budget.fits(cost):
-                submit_staged()
-            budget.take(cost)
+            if not budget.try_take(cost, budget_bytes, writer.pool):
+                submit_staged()  # never wait for room with staged objects nobody will write
+                budget.take(cost, budget_bytes, writer.pool)
             try:
                 staged.append((writer.stage(plan, payloads), cost))
             except BaseException:
@@ -400,7 +405,7 @@ def _stage_and_submit(
     return submitted, None
 
 
-def _releaser(writer: Writer, budget: MemoryBudget, staged: StagedObject, cost: int) -> Any:
+def _releaser(writer: Writer, budget: StagingBudget, staged: StagedObject, cost: int) -> Any:
     """Once a staged object is written: return its buffer to the writer and its bytes to the budget."""
 
     def release(_: Any) -> None:

@@ -25,8 +25,9 @@ from typing import Any
 from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import DataObjectPlan
 from snapshotkit._plan.leaves import Payload
+from snapshotkit._runtime.staging import BufferPool, staging_budget
 from snapshotkit._take.stage import StagedObject, stage_into
-from snapshotkit._take.writers import PooledBuffers, Target, WriteJob, bucket_bytes
+from snapshotkit._take.writers import Target, WriteJob, bucket_bytes
 from snapshotkit.errors import CheckpointDaemonError, StorageError
 
 #: Bytes written at a time when faulting in a new segment's pages.
@@ -88,10 +89,15 @@ class ProcessWriter:
         self._jobs: dict[int, _DaemonJob] = {}
         self._next_job = 0
         self._lock = threading.Lock()
-        self._segments = PooledBuffers()
+        self._send_lock = threading.Lock()  # writes are sent from staging, evictions from any thread
+        self._segments = BufferPool(staging_budget(), self._discard_segment)
         self.dead: str | None = None
         self._reader = threading.Thread(target=self._read_replies, name="snapshotkit-daemon-replies", daemon=True)
         self._reader.start()
+
+    @property
+    def pool(self) -> BufferPool:
+        return self._segments
 
     @property
     def pid(self) -> int:
@@ -134,7 +140,7 @@ class ProcessWriter:
             )
 
     def staging_cost(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> int:
-        return plan.nbytes
+        return bucket_bytes(plan.nbytes)
 
     def stage(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> StagedObject:
         size = bucket_bytes(plan.nbytes)
@@ -152,7 +158,13 @@ class ProcessWriter:
     def give_back(self, staged: StagedObject) -> None:
         for view in (*staged.pieces, *staged.buffers):
             view.release()  # no exported views may outlive the segment's close at exit
-        self._segments.put(staged.handle.size, staged.handle)
+        self._segments.put(bucket_bytes(staged.plan.nbytes), staged.handle)
+
+    def _discard_segment(self, segment: shared_memory.SharedMemory) -> None:
+        """Free a segment the pool does not keep: the daemon unmaps it, this process unlinks it."""
+        with contextlib.suppress(OSError, ValueError), self._send_lock:
+            self._connection.send(("release", segment.name))
+        _close_segment(segment)
 
     def preallocate(self, sizes: Mapping[int, int]) -> int:
         """Pool free segments of ``sizes`` (bucket size -> count), pages faulted in; the bytes made."""
@@ -193,7 +205,8 @@ class ProcessWriter:
         try:
             if self.dead is not None:
                 raise CheckpointDaemonError(self.dead)
-            self._connection.send(message)
+            with self._send_lock:
+                self._connection.send(message)
         except (OSError, ValueError, CheckpointDaemonError) as exc:
             with self._lock:
                 self._jobs.pop(number, None)
@@ -206,16 +219,20 @@ class ProcessWriter:
         return None  # the daemon keeps its plugins for the next snapshot
 
     def shutdown(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError), self._send_lock:
             self._connection.send(("stop",))
         try:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(5)
-        for segment in self._segments.allocated:
-            try:
-                segment.close()
-                segment.unlink()
-            except (FileNotFoundError, BufferError):
-                pass
+        for segment in self._segments.close():  # uncharged from the staging budget
+            _close_segment(segment)
+
+
+def _close_segment(segment: shared_memory.SharedMemory) -> None:
+    """Close and unlink ``segment`` (again: no harm)."""
+    with contextlib.suppress(BufferError):  # a view still exported: the mapping goes with it
+        segment.close()
+    with contextlib.suppress(FileNotFoundError):
+        segment.unlink()

@@ -32,6 +32,7 @@ from snapshotkit._format.serialization import byte_view
 from snapshotkit._plan.layout import DataObjectPlan
 from snapshotkit._plan.leaves import Payload
 from snapshotkit._runtime.loop import background_loop, gather_or_cancel, get_loop, spawn, to_thread
+from snapshotkit._runtime.staging import BufferPool, staging_budget
 from snapshotkit._take.reuse import Layout, ReuseIndex, decide
 from snapshotkit._take.stage import StagedObject, ViewStager, stage_into, staging_cost_bytes
 from snapshotkit.errors import ConfigError
@@ -76,8 +77,15 @@ class Writer(Protocol):
     #: they are submitted, so writes do not compete with staging for CPU and memory bandwidth.
     defers_writes: bool
 
+    @property
+    def pool(self) -> BufferPool | None:
+        """The pool the writer stages into (its free buffers are charged to the process's
+        staging budget), or None when staging allocates nothing it keeps."""
+        ...
+
     def staging_cost(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> int:
-        """Host bytes staging ``plan`` holds until its write finished."""
+        """Host bytes staging ``plan`` holds until its write finished (what is allocated: for a
+        pooled writer, the size of the buffer it stages into)."""
         ...
 
     def stage(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> StagedObject:
@@ -86,7 +94,8 @@ class Writer(Protocol):
         ...
 
     def give_back(self, staged: StagedObject) -> None:
-        """Return the staging buffer of a written (or abandoned) object."""
+        """Return the staging buffer of a written (or abandoned) object, before its reservation
+        is given back to the staging budget."""
         ...
 
     def io_slots(self, count: int) -> Any:
@@ -155,6 +164,7 @@ class InlineWriter(_LoopWriter):
 
     name = "inline"
     defers_writes = False
+    pool: BufferPool | None = None
 
     def __init__(self) -> None:
         super().__init__(get_loop())
@@ -178,45 +188,9 @@ class InlineWriter(_LoopWriter):
 
 
 def bucket_bytes(nbytes: int) -> int:
-    """Pooled buffer sizes come in powers of two (at least 1 MiB) so buffers get reused."""
+    """Pooled buffer sizes come in powers of two (at least 1 MiB) so buffers get reused; a
+    staged object is charged its bucket's size, what is really allocated."""
     return max(1 << 20, 1 << max(0, nbytes - 1).bit_length())
-
-
-class PooledBuffers:
-    """Staging buffers by size bucket, allocated on first use and reused by later takes."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._free: dict[int, list[Any]] = {}
-        self.allocated: list[Any] = []
-
-    def get(self, size: int) -> Any | None:
-        with self._lock:
-            pool = self._free.get(size)
-            return pool.pop() if pool else None
-
-    def add(self, handle: Any) -> None:
-        with self._lock:
-            self.allocated.append(handle)
-
-    def put(self, size: int, handle: Any) -> None:
-        with self._lock:
-            self._free.setdefault(size, []).append(handle)
-
-    def missing(self, sizes: Mapping[int, int]) -> list[int]:
-        """The buffer sizes to make so that ``sizes[size]`` buffers of each size are free."""
-        with self._lock:
-            return [size for size, count in sorted(sizes.items()) for _ in range(count - len(self._free.get(size, ())))]
-
-    def preallocate(self, sizes: Mapping[int, int], make: Any) -> int:
-        """Make the missing buffers of ``sizes`` with ``make(size)`` and pool them as free; the bytes made."""
-        made = 0
-        for size in self.missing(sizes):
-            handle = make(size)
-            self.add(handle)
-            self.put(size, handle)
-            made += size
-        return made
 
 
 class ThreadWriter(_LoopWriter):
@@ -227,11 +201,15 @@ class ThreadWriter(_LoopWriter):
 
     def __init__(self, niceness: int) -> None:
         super().__init__(background_loop(niceness))
-        self._buffers = PooledBuffers()
+        self._buffers = BufferPool(staging_budget())
         self._stream: Any = None
 
+    @property
+    def pool(self) -> BufferPool:
+        return self._buffers
+
     def staging_cost(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> int:
-        return plan.nbytes
+        return bucket_bytes(plan.nbytes)
 
     def stage(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> StagedObject:
         size = bucket_bytes(plan.nbytes)
@@ -249,7 +227,7 @@ class ThreadWriter(_LoopWriter):
             raise
 
     def give_back(self, staged: StagedObject) -> None:
-        self._buffers.put(staged.handle.numel(), staged.handle)
+        self._buffers.put(bucket_bytes(staged.plan.nbytes), staged.handle)
 
     def preallocate(self, sizes: Mapping[int, int]) -> int:
         """Pool free buffers of ``sizes`` (bucket size -> count), pages faulted in; the bytes made."""

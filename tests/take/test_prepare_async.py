@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from snapshotkit import Snapshot, StateDict
+from snapshotkit._runtime.staging import BufferPool, staging_budget
 from snapshotkit._take import writers
 from snapshotkit._take.process_writer import ProcessWriter
 from snapshotkit.errors import ConfigError, InvalidAppStateError, InvalidArgumentError
@@ -30,10 +31,10 @@ def fresh_writers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, i
             writer.shutdown()
 
 
-def pool(executor: str) -> writers.PooledBuffers:
+def pool(executor: str) -> BufferPool:
     writer = writers.background_writer(executor, 19)
     buffers = writer._segments if isinstance(writer, ProcessWriter) else writer._buffers  # type: ignore[attr-defined]
-    assert isinstance(buffers, writers.PooledBuffers)
+    assert isinstance(buffers, BufferPool)
     return buffers
 
 
@@ -85,10 +86,12 @@ def test_buffers_are_faulted_in_and_a_take_after_a_warm_take_needs_no_warm_up(tm
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_the_memory_budget_bounds_what_is_prepared(executor: str) -> None:
     state = make_state(tensors=16, tensor_bytes=8 * MIB)  # 128 MiB: two 64 MiB data objects
-    small = Snapshot.prepare_async(state, executor=executor, memory_budget_bytes=16 * MIB)
-    assert small == 64 * MIB  # one object at a time (the first always fits, as when staging)
+    # An object larger than the budget is staged alone, but no pool keeps its buffer.
+    assert Snapshot.prepare_async(state, executor=executor, memory_budget_bytes=16 * MIB) == 0
+    assert Snapshot.prepare_async(state, executor=executor, memory_budget_bytes=64 * MIB) == 64 * MIB
     assert Snapshot.prepare_async(state, executor=executor, **CONFIG) == 64 * MIB  # the second one too now
     assert len(pool(executor).allocated) == 2
+    assert staging_budget().pooled_bytes >= 128 * MIB
 
 
 def _size(buffer: Any) -> int:
