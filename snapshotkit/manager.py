@@ -40,6 +40,7 @@ from snapshotkit._lifecycle.values import (
     clean_metrics,
 )
 from snapshotkit._restore.partial import RestoreReport
+from snapshotkit._take.prepare import refuse_process_local
 from snapshotkit._take.writers import EXECUTORS
 from snapshotkit.errors import (
     ConfigError,
@@ -96,7 +97,8 @@ class SnapshotManager:
     ``step_<n>`` snapshot reads from (its manifest's ``bases``) is kept as long as that one is.
 
     Raises:
-        InvalidArgumentError, ConfigError: an argument is of the wrong type or out of range.
+        InvalidArgumentError, ConfigError: an argument is of the wrong type or out of range;
+            ``async_executor="process"`` with a process-local root (``memory://``).
         StorageError: the root could not be listed.
     """
 
@@ -129,6 +131,8 @@ class SnapshotManager:
             raise ConfigError(f"async_executor must be one of {EXECUTORS} or None, got {async_executor!r}")
         self.pg, self.async_executor = pg, async_executor
         self._options = dict(storage_options or {})
+        if async_executor == "process":
+            refuse_process_local(self.root, self._options, caller='SnapshotManager(async_executor="process")')
         self._group = resolve_group(pg, timeout_seconds=Config.resolve().collective_timeout_seconds)
         self._janitor = RootJanitor(self.root, self._options)
         self._pending: PendingSnapshot | None = None

@@ -194,16 +194,23 @@ class Snapshot:
         Returns once everything the caller could change has been copied: ``state_dict()`` was
         called, objects serialized, and every tensor piece copied into staging buffers (GPU
         tensors through pinned buffers on a side stream). From then on, nothing the caller does
-        to its modules, optimizers or tensors changes the snapshot. Staging holds at most
-        ``memory_budget_bytes`` at once: beyond it, ``async_take`` waits for background writes
-        to drain. Another ``async_take`` while one is pending queues behind it (its writes go
-        after the earlier ones; snapshots to different paths never mix).
+        to its modules, optimizers or tensors changes the snapshot.
+
+        Staging holds at most ``memory_budget_bytes`` at once in this process, whatever is in
+        flight: one budget is shared by every take still being written, and the staging buffers
+        are counted at the size they really have (powers of two, at least 1 MiB), free ones the
+        writer keeps for the next take included. Beyond it, ``async_take`` waits for background
+        writes to drain, so another ``async_take`` while one is pending queues behind it: it
+        stages as the earlier one's writes give memory back (its writes go after the earlier
+        ones; snapshots to different paths never mix). A data object larger than the whole
+        budget is staged alone, once nothing else is staged.
 
         Args:
             executor: ``"thread"`` writes on snapshotkit's background I/O thread;
                 ``"process"`` hands staged objects, through shared memory, to a checkpoint
                 daemon process started on first use and reused, so checksumming and storage
-                calls never compete with training for the GIL.
+                calls never compete with training for the GIL. Not for a store that lives in
+                this process's memory (``memory://``): use ``"thread"`` there.
             progress: as for :meth:`take`, for the background writes.
 
         The other arguments are as for :meth:`take`.
@@ -211,6 +218,11 @@ class Snapshot:
         Returns:
             A :class:`PendingSnapshot`: ``wait()`` returns the committed :class:`Snapshot` or
             raises what went wrong; ``done()`` polls.
+
+        Raises:
+            ConfigError: ``executor`` is not ``"thread"`` or ``"process"``; ``"process"`` with a
+                process-local store (``memory://``, raised before anything is read or written).
+                And what :meth:`take` raises before anything is written.
         """
         show = check_progress(progress, "Snapshot.async_take")
         where = snapshot_path(path)

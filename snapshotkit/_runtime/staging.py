@@ -195,6 +195,11 @@ class BufferPool:
             return True
         return False
 
+    def _evictable_bytes_locked(self, spare: Mapping[int, int]) -> int:
+        return sum(
+            size * max(0, len(free) - self._claimed[size] - spare.get(size, 0)) for size, free in self._free.items()
+        )
+
     def _evict_one_locked(self, spare: Mapping[int, int]) -> tuple[int, Any] | None:
         # The largest free buffer nobody claimed and ``spare`` does not keep.
         for size in sorted(self._free, reverse=True):
@@ -254,8 +259,9 @@ class BufferPool:
         budget = self.budget
         for size in self.missing(sizes):
             with budget._changed:
-                evicted = budget._evict_locked(budget.reserved_bytes + size, spare=sizes)
-                fits = budget.held_bytes + size <= budget.total_bytes
+                evictable = sum(pool._evictable_bytes_locked(sizes) for pool in budget._pools)
+                fits = budget.held_bytes - evictable + size <= budget.total_bytes
+                evicted = budget._evict_locked(budget.reserved_bytes + size, spare=sizes) if fits else []
                 if fits:
                     budget.pooled_bytes += size  # charged before it exists, so nothing else takes the room
             _discard(evicted)

@@ -45,7 +45,7 @@ from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit._runtime.staging import StagingBudget, staging_budget
 from snapshotkit._take.commit import CommitPlan, discard, logical_paths_in, run_commit, storage_error
-from snapshotkit._take.prepare import LoadBase, PreparedTake, prepare_take
+from snapshotkit._take.prepare import LoadBase, PreparedTake, prepare_take, refuse_process_local
 from snapshotkit._take.stage import StagedObject
 from snapshotkit._take.writers import InlineWriter, Target, WriteJob, Writer, background_writer, shutdown_writers
 from snapshotkit.errors import WaitTimeoutError
@@ -218,6 +218,8 @@ def async_take(
     progress: bool = False,
 ) -> TakeJob:
     """Stage and return; a background writer writes and a coordinator thread commits."""
+    if executor == "process":  # before the daemon starts or anything is read or written
+        refuse_process_local(path, storage_options, caller='async_take(executor="process")')
     writer = background_writer(executor, config.background_niceness)
     return start_take(
         path,
