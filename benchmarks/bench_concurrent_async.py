@@ -56,9 +56,9 @@ def _slow_plugin(root: str, options: Mapping[str, Any]) -> Any:
 
 def run_child(spec: Record) -> Record:
     """Two async takes in flight in this (fresh) process; what staging held."""
+    import bench_concurrent_async as this  # the factory under its importable name, for the daemon
     import torch
 
-    import bench_concurrent_async as this  # the factory under its importable name, for the daemon
     from snapshotkit import Snapshot, StateDict
     from snapshotkit.storage import register_storage_plugin
 
