@@ -98,6 +98,8 @@ class Snapshot:
                 :meth:`async_take`), and the results are held until they are staged.
             memory_budget_bytes: host bytes the pipeline may hold at once (default:
                 ``SNAPSHOTKIT_MEMORY_BUDGET_BYTES``, else 60% of available RAM, at most 32 GiB).
+                Staging has one budget per process, shared with every :meth:`async_take` still
+                being written.
             metadata: your own JSON object, stored in the manifest and returned by
                 ``Snapshot(path).metadata.user_metadata`` (e.g. ``{"step": 1000, "loss": 0.25}``):
                 ``str`` keys; values dicts, lists, ``str``, ``int``, finite ``float``, ``bool``
