@@ -75,11 +75,9 @@ class StagingBudget:
         Returns the evicted buffers, to free once the lock is released."""
         self.reserved_bytes += nbytes
         self._holders += 1
-        evicted: list[tuple[BufferPool, Any]] = []
         if pool is not None and pool._claim_locked(nbytes):
             self.pooled_bytes -= nbytes  # a free buffer becomes a reserved one: nothing new exists
-        else:
-            evicted = self._evict_locked(self.reserved_bytes)
+        evicted = self._evict_locked(self.reserved_bytes)  # (a smaller budget than the last take's)
         self._note_peak()
         return evicted
 

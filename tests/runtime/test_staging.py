@@ -136,3 +136,14 @@ def test_closing_a_pool_uncharges_it_and_returns_every_buffer() -> None:
 def test_the_budget_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         StagingBudget().resize(0)
+
+
+def test_a_smaller_budget_evicts_what_the_last_take_pooled_even_when_a_buffer_is_reused() -> None:
+    budget = StagingBudget()
+    budget.resize(8 * MIB)
+    pool = BufferPool(budget)
+    pool.preallocate({MIB: 8}, Buffer)
+    budget.take(MIB, 2 * MIB, pool)  # claims a free 1 MiB buffer; the rest no longer fits
+    assert pool.get(MIB) is not None
+    assert budget.held_bytes <= 2 * MIB
+    assert budget.peak_held_bytes == 8 * MIB  # what the earlier, larger budget held
