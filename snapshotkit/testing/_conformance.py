@@ -482,7 +482,7 @@ class StoragePluginConformance(ListingCases):
         from snapshotkit import Snapshot, StateDict
         from snapshotkit.errors import ConfigError
 
-        state = {"state": StateDict(x=torch.ones(8))}
+        state: dict[str, Any] = {"state": StateDict(x=torch.ones(8))}
         with pytest.raises(ConfigError, match='executor="thread"'):
             Snapshot.async_take(self.uri(root), state, executor="process")
         assert self.ground_truth_read(root, METADATA_FILENAME) is None
