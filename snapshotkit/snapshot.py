@@ -14,6 +14,7 @@ from snapshotkit._format.entries import Entry, escape_key
 from snapshotkit._pending import PendingSnapshot
 from snapshotkit._restore import engine as restore_engine
 from snapshotkit._restore.bases import intact_bases, open_snapshot_storage
+from snapshotkit._restore.metadata import load_metadata
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._runtime.progress import check_progress
 from snapshotkit._take import engine as take_engine
@@ -289,7 +290,7 @@ class Snapshot:
     def _metadata_for(self, wanted: Sequence[str]) -> SnapshotMetadata:
         """The metadata; errors reading it name the ``wanted`` logical paths."""
         if self._metadata is None:
-            self._metadata = restore_engine.load_metadata(self._plugin, self.path, wanted)
+            self._metadata = load_metadata(self._plugin, self.path, wanted)
         return self._metadata
 
     def get_manifest(self) -> dict[str, Entry]:

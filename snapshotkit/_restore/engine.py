@@ -1,6 +1,6 @@
 """The restore side: open the manifest, plan the reads, fetch, place, load.
 
-manifest (:func:`load_metadata`)  ->  plan reads for the leaves wanted (:mod:`.plan`, :mod:`.load`)
+manifest (:func:`.metadata.load_metadata`)  ->  plan reads for the leaves wanted (:mod:`.plan`, :mod:`.load`)
 ->  fetch byte ranges under the budget (:mod:`.fetch`)  ->  place into the destinations
 ->  ``load_state_dict()`` (RNG last)
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from snapshotkit._app_state import validate_app_state
@@ -25,12 +24,11 @@ from snapshotkit._config import Config
 from snapshotkit._dist import Group
 from snapshotkit._events import emit, format_bytes, transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import METADATA_FILENAME, Entry, ShardedTensorEntry, TensorEntry, escape_key
+from snapshotkit._format.entries import Entry, ShardedTensorEntry, TensorEntry, escape_key
 from snapshotkit._format.sharded import destination_boxes
 from snapshotkit._plan.flatten import inflate
-from snapshotkit._restore.absent import foreign_manifest, not_found
-from snapshotkit._restore.failures import open_failure, storage_failure
 from snapshotkit._restore.fetch import check_extents, read_pieces
+from snapshotkit._restore.metadata import OpenPlugin, open_store
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
 from snapshotkit._restore.plan import (
@@ -51,70 +49,19 @@ from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit.errors import (
     InvalidArgumentError,
     LogicalPathNotFoundError,
-    ManifestError,
-    SnapshotkitError,
     StateMismatchError,
 )
 from snapshotkit.stateful import Stateful
 from snapshotkit.storage import StoragePlugin
 
-OpenPlugin = Callable[[], StoragePlugin]
-
 logger = logging.getLogger("snapshotkit.restore")
-
-
-def load_metadata(open_plugin: OpenPlugin, path: str, wanted: Sequence[str] = ()) -> SnapshotMetadata:
-    """Read and decode the manifest of the snapshot at ``path``; errors name the ``wanted`` logical paths.
-
-    Raises:
-        SnapshotNotFoundError: nothing is at the path, or something that is not a snapshot.
-        IncompleteSnapshotError: data objects of a take are there but the take never committed.
-        ForeignCheckpointError: another library's checkpoint is there (the message says which, and
-            the ``snapshotkit import`` command that converts it).
-        ManifestError: the manifest is malformed or from a newer format version.
-        StorageError: the store failed (the plugin's error is the cause).
-    """
-    try:
-        with gc_paused():
-            return run_sync(_load_metadata(_open(open_plugin, path), path, wanted))
-    except Exception as exc:
-        drop_frames(exc)
-        raise
-
-
-def _open(open_plugin: OpenPlugin, path: str) -> StoragePlugin:
-    try:
-        return open_plugin()
-    except Exception as exc:
-        raise open_failure(exc, path)  # noqa: B904 - the cause is set by open_failure
-
-
-async def _load_metadata(plugin: StoragePlugin, path: str, wanted: Sequence[str]) -> SnapshotMetadata:
-    try:
-        try:
-            text = await plugin.read(METADATA_FILENAME)
-        except FileNotFoundError as exc:
-            if isinstance(exc, SnapshotkitError):  # BucketNotFoundError: the store, not the snapshot, is missing
-                raise storage_failure(exc, location=METADATA_FILENAME, logical_paths=wanted, path=path)  # noqa: B904
-            raise await not_found(plugin, path, wanted) from None
-        except Exception as exc:
-            raise storage_failure(exc, location=METADATA_FILENAME, logical_paths=wanted, path=path)  # noqa: B904
-    finally:
-        await plugin.close()
-    try:
-        return SnapshotMetadata.from_text(bytes(text))
-    except ManifestError as exc:
-        foreign = foreign_manifest(path, bytes(text), wanted)
-        if foreign is not None:
-            raise foreign from None
-        raise type(exc)(f"{path}/{METADATA_FILENAME}: {exc}") from None
 
 
 def _fetch(
     open_plugin: OpenPlugin, path: str, loader: LeafLoader, config: Config, bar: ByteProgress | None = None
 ) -> int:
     """Read everything ``loader`` needs; the bytes read from storage."""
-    return run_sync(_read_and_close(_open(open_plugin, path), loader, config, bar))
+    return run_sync(_read_and_close(open_store(open_plugin, path), loader, config, bar))
 
 
 async def _read_and_close(
@@ -242,7 +189,7 @@ def _plan_and_fetch(
         if session is None:
             moved = Transfer(_fetch(open_plugin, path, loader, config, bar))
         else:
-            moved = _fetch_shared(_open(open_plugin, path), loader, config, session, view, bar)
+            moved = _fetch_shared(open_store(open_plugin, path), loader, config, session, view, bar)
         logger.debug("restore %s: fetch %.3f s", path, time.perf_counter() - fetching_s)
         return plan, moved, entries
 

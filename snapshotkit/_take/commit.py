@@ -34,9 +34,10 @@ from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.merge import RankResult, finish_rank, merge_results
 from snapshotkit._plan.rank_plan import PendingObject, PendingTensor, TakePlan
 from snapshotkit._runtime.loop import run_sync
+from snapshotkit._storage_failure import wrap_storage_failure
 from snapshotkit._take.reuse import referenced_bases
 from snapshotkit._version import __version__
-from snapshotkit.errors import SnapshotExistsError, SnapshotkitError, StorageError
+from snapshotkit.errors import SnapshotExistsError
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
 
@@ -68,28 +69,22 @@ def storage_error(
 ) -> BaseException:
     """The error a take raises for ``exc``, which a storage call (``action`` ``location``) raised.
 
-    The one place the take side wraps storage failures: any exception a plugin raises becomes a
-    :class:`StorageError` naming the path, the location and the logical paths stored there, with
-    ``exc`` as the cause; a ``StorageError`` the plugin raised itself keeps its class and gains the
-    same context. Snapshotkit's other errors, and interrupts, pass unchanged.
+    The one place the take side wraps storage failures (:func:`~snapshotkit._storage_failure.wrap_storage_failure`,
+    shared with the restore side): any exception a plugin raises becomes a :class:`StorageError`
+    naming the path, the location and the logical paths stored there, with ``exc`` as the cause; a
+    ``StorageError`` the plugin raised itself keeps its class and gains the same context.
+    Snapshotkit's other errors, and interrupts, pass unchanged.
     """
-    if not isinstance(exc, Exception) or (isinstance(exc, SnapshotkitError) and not isinstance(exc, StorageError)):
-        return exc
-    paths = sorted(set(logical_paths))
-    holding = ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-    target = f"{location!r} of the snapshot at {path!r}" if location is not None else f"the storage at {path!r}"
-    what = f"{action} {target}" + (f" (holding {holding})" if holding else "")
-    detail = str(exc) if isinstance(exc, StorageError) else f"{type(exc).__name__}: {exc}"
-    message = (
-        f"{what} failed: {detail}. Nothing was committed; check the path, permissions and free space "
-        "(and that the store is reachable), then take again"
+    return wrap_storage_failure(
+        exc,
+        action=action,
+        advice="Nothing was committed; check the path, permissions and free space (and that the store is "
+        "reachable), then take again",
+        location=location,
+        path=path,
+        logical_paths=logical_paths,
+        whole="the storage",
     )
-    error: BaseException = StorageError(message)
-    if isinstance(exc, StorageError):
-        with contextlib.suppress(TypeError):  # a subclass with another constructor keeps StorageError
-            error = type(exc)(message)
-    error.__cause__ = exc
-    return error
 
 
 def logical_paths_in(plan: TakePlan, data_object: DataObjectPlan) -> list[str]:
