@@ -40,7 +40,7 @@ from snapshotkit._lifecycle.values import (
     clean_metrics,
 )
 from snapshotkit._restore.partial import RestoreReport
-from snapshotkit._take.writers import EXECUTORS
+from snapshotkit._take.executors import EXECUTORS
 from snapshotkit.errors import (
     ConfigError,
     InvalidArgumentError,

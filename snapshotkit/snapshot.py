@@ -11,7 +11,7 @@ from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import Entry, escape_key
-from snapshotkit._pending import PendingSnapshot
+from snapshotkit._pending import PendingTake
 from snapshotkit._restore import engine as restore_engine
 from snapshotkit._restore.bases import intact_bases, open_snapshot_storage
 from snapshotkit._restore.metadata import load_metadata
@@ -55,6 +55,13 @@ class Snapshot:
 
     def __repr__(self) -> str:
         return f"Snapshot({self.path!r})"
+
+    def _committed(self, metadata: SnapshotMetadata | None) -> Snapshot:
+        """This snapshot, told the manifest its take just committed (None on ranks other than 0:
+        read on first use)."""
+        if metadata is not None and self._metadata is None:
+            self._metadata = metadata
+        return self
 
     @classmethod
     def take(
@@ -168,9 +175,7 @@ class Snapshot:
             load_base=_base_loader(base, pg, options),
             progress=show,
         )
-        snapshot = cls(target, pg=pg, storage_options=options)
-        snapshot._metadata = committed  # None on ranks other than 0: read on first use
-        return snapshot
+        return cls(target, pg=pg, storage_options=options)._committed(committed)
 
     @classmethod
     def async_take(
@@ -233,7 +238,7 @@ class Snapshot:
             load_base=_base_loader(base, pg, options),
             progress=show,
         )
-        return PendingSnapshot(job, cls(job.path, pg=pg, storage_options=options))
+        return PendingSnapshot(job, pg, cls(job.path, pg=pg, storage_options=options)._committed)
 
     @classmethod
     def prepare_async(
@@ -449,6 +454,15 @@ class Snapshot:
             weights_only=weights_only,
             verify_checksums=verify_checksums,
         )
+
+
+class PendingSnapshot(PendingTake[Snapshot]):
+    """A snapshot being written in the background; :meth:`wait` gives the committed :class:`Snapshot`.
+
+    Attributes:
+        path: where the snapshot is being written (rank 0's path).
+        pg: the process group of the take.
+    """
 
 
 def _base_loader(

@@ -44,9 +44,10 @@ from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit._take.commit import CommitPlan, discard, logical_paths_in, run_commit, storage_error
+from snapshotkit._take.executors import background_writer, shutdown_writers
 from snapshotkit._take.prepare import LoadBase, PreparedTake, prepare_take
 from snapshotkit._take.stage import StagedObject
-from snapshotkit._take.writers import InlineWriter, Target, WriteJob, Writer, background_writer, shutdown_writers
+from snapshotkit._take.writers import InlineWriter, Target, WriteJob, Writer
 from snapshotkit.errors import WaitTimeoutError
 from snapshotkit.storage import open_storage_plugin
 

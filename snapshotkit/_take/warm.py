@@ -17,8 +17,9 @@ from snapshotkit._config import Config
 from snapshotkit._dist import Group
 from snapshotkit._plan.leaves import LocalState
 from snapshotkit._plan.rank_plan import TakePlan
+from snapshotkit._take.executors import EXECUTORS, background_writer
 from snapshotkit._take.prepare import prepare_take
-from snapshotkit._take.writers import EXECUTORS, Writer, background_writer, bucket_bytes
+from snapshotkit._take.writers import Writer, bucket_bytes
 from snapshotkit.errors import ConfigError
 
 #: Stands in for the snapshot path while planning: sizes and layouts do not depend on it.

@@ -14,7 +14,8 @@ writers implement the one small :class:`Writer` protocol:
 * :class:`~snapshotkit._take.process_writer.ProcessWriter` (``executor="process"``): copies into
   pooled shared memory and hands the objects to a checkpoint daemon process.
 
-To add a writer: implement :class:`Writer` and return it from :func:`background_writer`.
+To add a writer: implement :class:`Writer` and return it from
+:func:`snapshotkit._take.executors.background_writer`.
 """
 
 from __future__ import annotations
@@ -34,11 +35,7 @@ from snapshotkit._plan.leaves import Payload
 from snapshotkit._runtime.loop import background_loop, gather_or_cancel, get_loop, spawn, to_thread
 from snapshotkit._take.reuse import Layout, ReuseIndex, decide
 from snapshotkit._take.stage import StagedObject, ViewStager, stage_into, staging_cost_bytes
-from snapshotkit.errors import ConfigError
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
-
-#: The ``executor=`` values of ``async_take``.
-EXECUTORS = ("thread", "process")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,46 +258,3 @@ class ThreadWriter(_LoopWriter):
             return torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available()).zero_()
 
         return self._buffers.preallocate(sizes, make)
-
-
-_writers: dict[tuple[str, int], Writer] = {}
-_writers_lock = threading.Lock()
-
-
-def background_writer(executor: str, niceness: int) -> Writer:
-    """The writer for ``async_take(executor=...)`` at ``niceness``: made on first use, then reused
-    (a dead checkpoint daemon is replaced)."""
-    from snapshotkit._take.process_writer import ProcessWriter
-
-    if executor not in EXECUTORS:
-        raise ConfigError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-    key = (executor, niceness)
-    with _writers_lock:
-        writer = _writers.get(key)
-        if isinstance(writer, ProcessWriter) and not writer.alive:
-            writer.shutdown()
-            writer = None
-        if writer is None:
-            writer = _writers[key] = ProcessWriter(niceness) if executor == "process" else ThreadWriter(niceness)
-        return writer
-
-
-def shutdown_writers() -> None:
-    """Stop every checkpoint daemon (at interpreter exit, after pending takes finished)."""
-    from snapshotkit._take.process_writer import ProcessWriter
-
-    with _writers_lock:
-        daemons = [_writers.pop(key) for key in list(_writers) if key[0] == "process"]
-    for writer in daemons:
-        assert isinstance(writer, ProcessWriter)
-        writer.shutdown()
-
-
-def checkpoint_daemon_pid() -> int | None:
-    """The pid of a running checkpoint daemon, if there is one (for tests and monitoring)."""
-    from snapshotkit._take.process_writer import ProcessWriter
-
-    for writer in list(_writers.values()):
-        if isinstance(writer, ProcessWriter) and writer.alive:
-            return writer.pid
-    return None

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from snapshotkit import PendingSnapshot, RNGState, Snapshot, StateDict
-from snapshotkit._take.writers import checkpoint_daemon_pid
+from snapshotkit._take.executors import checkpoint_daemon_pid
 from snapshotkit.errors import (
     CheckpointDaemonError,
     ConfigError,

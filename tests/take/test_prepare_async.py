@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from snapshotkit import Snapshot, StateDict
-from snapshotkit._take import writers
+from snapshotkit._take import executors, writers
 from snapshotkit._take.process_writer import ProcessWriter
 from snapshotkit.errors import ConfigError, InvalidAppStateError, InvalidArgumentError
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(120)
 def fresh_writers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, int], Any]]:
     """Each test starts without background writers (so it sees every allocation) and stops its daemon."""
     made: dict[tuple[str, int], Any] = {}
-    monkeypatch.setattr(writers, "_writers", made)
+    monkeypatch.setattr(executors, "_writers", made)
     yield made
     for writer in made.values():
         if isinstance(writer, ProcessWriter):
@@ -31,7 +31,7 @@ def fresh_writers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, i
 
 
 def pool(executor: str) -> writers.PooledBuffers:
-    writer = writers.background_writer(executor, 19)
+    writer = executors.background_writer(executor, 19)
     buffers = writer._segments if isinstance(writer, ProcessWriter) else writer._buffers  # type: ignore[attr-defined]
     assert isinstance(buffers, writers.PooledBuffers)
     return buffers
