@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from snapshotkit import _events
 from snapshotkit._dist import Group
+from snapshotkit._text import first_few
 from snapshotkit.errors import (
     IntegrityError,
     ManifestError,
@@ -113,8 +114,8 @@ def reason(exc: BaseException) -> str:
 def shown_steps(steps: Sequence[int]) -> str:
     if not steps:
         return "none"
-    return ", ".join(map(str, steps[:10])) + (f" ... ({len(steps)} in all)" if len(steps) > 10 else "")
+    return first_few(steps, 10, show=str)
 
 
 def shown_paths(paths: Sequence[str]) -> str:
-    return ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    return first_few(paths)

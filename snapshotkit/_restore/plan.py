@@ -18,6 +18,7 @@ from snapshotkit._format.entries import DictEntry, Entry, ListEntry, TensorEntry
 from snapshotkit._plan.flatten import Flattened, escape_key, flatten, inflate, join_path
 from snapshotkit._restore.partial import KeyDifference, RestoreReport, check_keys, compare, leaf_paths, merged_state
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
+from snapshotkit._text import first_few
 from snapshotkit.errors import LogicalPathNotFoundError, StateMismatchError
 from snapshotkit.stateful import RNGState, Stateful
 
@@ -83,13 +84,14 @@ def missing_key_hint(metadata: SnapshotMetadata, key: str, rank: int) -> str:
     )
     if not holders:
         return ""
+    ranks = first_few(holders, 8, show=str)
     if rank >= metadata.world_size:
         return (
-            f" It was saved per rank (not replicated) by ranks {holders[:8]} of the {metadata.world_size} that took "
+            f" It was saved per rank (not replicated) by ranks {ranks} of the {metadata.world_size} that took "
             f"the snapshot; rank {rank} did not exist then and has no state of its own. Pass replicated=[...] "
             "when taking to make such state available to every rank, or leave it out of app_state on new ranks"
         )
-    return f" Ranks {holders[:8]} saved it, rank {rank} did not."
+    return f" Ranks {ranks} saved it, rank {rank} did not."
 
 
 def subtree(view: Mapping[str, Entry], root: str) -> tuple[ContainerMap, dict[str, Entry]]:

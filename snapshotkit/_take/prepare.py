@@ -37,6 +37,7 @@ from snapshotkit._take.collect import (
 )
 from snapshotkit._take.commit import storage_error
 from snapshotkit._take.reuse import ReuseIndex, build_reuse_index
+from snapshotkit._text import first_few
 from snapshotkit.errors import SnapshotExistsError, SnapshotkitError
 from snapshotkit.storage import StoragePlugin
 
@@ -235,7 +236,9 @@ def _warn_about_paths(infos: Sequence[RankInfo]) -> None:
 
 def _warn_about_differences(decision: Decision) -> None:
     if decision.differing:
-        shown = ", ".join(f"{p!r} (ranks {list(r[:4])})" for p, r in sorted(decision.differing.items())[:5])
+        shown = first_few(
+            sorted(decision.differing.items()), show=lambda item: f"{item[0]!r} (ranks {list(item[1][:4])})"
+        )
         warnings.warn(
             f"{len(decision.differing)} path(s) match replicated= patterns but differ between ranks, e.g. {shown}; "
             "they are stored per rank instead",
