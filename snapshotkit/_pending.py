@@ -50,13 +50,6 @@ class PendingTake(Generic[R]):
         return self._job.done()
 
     def wait(self, timeout: float | None = None) -> R:
-        """Block until the snapshot is committed and return it; raise what went wrong.
-
-        Raises:
-            WaitTimeoutError: ``timeout`` seconds passed first; the snapshot keeps being
-                written and ``wait`` may be called again.
-            RankFailedError: another rank's writes failed (its error is the cause).
-            CheckpointDaemonError: the checkpoint daemon died.
-            StorageError, ...: this rank's own failure, as ``take`` would raise it.
-        """
+        """Block until the take is committed and return what ``committed`` makes of it; raise what
+        went wrong (:meth:`snapshotkit.PendingSnapshot.wait` lists it)."""
         return self._committed(self._job.wait(timeout))

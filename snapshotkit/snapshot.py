@@ -464,6 +464,18 @@ class PendingSnapshot(PendingTake[Snapshot]):
         pg: the process group of the take.
     """
 
+    def wait(self, timeout: float | None = None) -> Snapshot:
+        """Block until the snapshot is committed and return it; raise what went wrong.
+
+        Raises:
+            WaitTimeoutError: ``timeout`` seconds passed first; the snapshot keeps being
+                written and ``wait`` may be called again.
+            RankFailedError: another rank's writes failed (its error is the cause).
+            CheckpointDaemonError: the checkpoint daemon died.
+            StorageError, ...: this rank's own failure, as ``take`` would raise it.
+        """
+        return super().wait(timeout)
+
 
 def _base_loader(
     base: object, pg: Any | None, storage_options: dict[str, Any]
