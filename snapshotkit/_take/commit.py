@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from snapshotkit._dist import RankOutcome, rank_failed
+from snapshotkit._dist import RankOutcome, describe_error, rank_failed
 from snapshotkit._format.bases import new_snapshot_id
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME, Entry, format_version_for, pieces_of
@@ -160,6 +160,11 @@ class CommitState:
     """
 
     may_delete: bool = True
+    #: Why the data stays, when it does (for the WARNING that says so).
+    kept_because: str = ""
+
+    def keep(self, because: str) -> None:
+        self.may_delete, self.kept_because = False, because
 
 
 def _plugin(commit: CommitPlan) -> StoragePlugin:
@@ -271,8 +276,8 @@ def run_commit(
             result = finish_rank(commit.plan, pieces)
         except BaseException as exc:  # an interrupt included: reported to the other ranks first
             error = exc
-    if rank != 0 and error is None:
-        state.may_delete = False  # from here rank 0 may commit a manifest referencing this rank's data
+    if rank != 0 and error is None:  # from here rank 0 may commit a manifest referencing this rank's data
+        state.keep("rank 0 may have committed a manifest that references them")
     try:
         gathered = rendezvous.gather(result, error, steps[0])
     except BaseException as exc:
@@ -326,9 +331,14 @@ def _commit_as_rank_0(
     except BaseException as exc:  # nothing was written
         outcome, failure = Outcome.ABORTED, exc
     else:
-        state.may_delete = False  # the manifest write starts
+        state.keep("the manifest write had started")
         outcome, failure = _commit_manifest(commit, document)
-    state.may_delete = outcome is Outcome.ABORTED
+    if outcome is Outcome.ABORTED:
+        state.may_delete = True
+    else:
+        state.keep(
+            "the snapshot was committed" if outcome is Outcome.COMMITTED else "its manifest may have been written"
+        )
     try:
         rendezvous.settle(Verdict.of(outcome, failure), what)
     except BaseException as exc:
@@ -342,10 +352,10 @@ def _commit_as_rank_0(
             raise failure  # an interrupt: the snapshot is committed all the same
         if failure is not None:
             logger.warning(
-                "the manifest of the snapshot at %s was written, but the store then reported %s; the snapshot is "
-                "committed",
+                "the manifest of the snapshot at %s was written (read back intact), although the store reported "
+                "an error: %s; the snapshot is committed",
                 commit.path,
-                failure,
+                describe_error(failure.__cause__ or failure),
             )
         return metadata
     assert failure is not None
@@ -385,13 +395,13 @@ def discard(commit: CommitPlan, locations: Sequence[str]) -> None:
         )
 
 
-def keep(commit: CommitPlan, locations: Sequence[str], error: BaseException) -> None:
-    """Log that a failed take kept its data objects, since a manifest may reference them."""
+def keep(commit: CommitPlan, locations: Sequence[str], error: BaseException, because: str) -> None:
+    """Log that a failed take kept its data objects, and ``because`` of what."""
     if locations:
         logger.warning(
-            "kept the %d data object(s) this rank wrote under %s although the take failed (%s): rank 0 may have "
-            "committed a manifest that references them",
+            "kept the %d data object(s) this rank wrote under %s although the take raised %s: %s",
             len(locations),
             commit.path,
             type(error).__name__,
+            because,
         )

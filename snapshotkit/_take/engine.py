@@ -476,7 +476,7 @@ def _finish(
         if state.may_delete:
             discard(commit, locations)
         else:
-            keep(commit, locations, exc)
+            keep(commit, locations, exc, state.kept_because)
         job._finish(exc)
     else:
         job._finish(None, metadata)
