@@ -36,6 +36,7 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
         ├── StoragePermissionError     (PermissionError)    credentials refused (403): not retried
         ├── BucketNotFoundError        (FileNotFoundError)  the bucket does not exist: not retried
         ├── RetriesExhaustedError                           transient failures outlasted the retries
+        ├── CommitOutcomeUnknownError                       the manifest write failed and its outcome is unknown
         └── UnsafeStorageObjectError                        object is a symlink out of the root or not a file
 
 Messages say what was wrong, the offending value, and what to do next.
@@ -51,6 +52,7 @@ __all__ = [
     "CheckpointDaemonError",
     "ChecksumMismatchError",
     "CollectiveTimeoutError",
+    "CommitOutcomeUnknownError",
     "ConfigError",
     "ExportExistsError",
     "ForeignCheckpointError",
@@ -246,6 +248,13 @@ class BucketNotFoundError(StorageError, FileNotFoundError):
 
 class RetriesExhaustedError(StorageError):
     """A request kept failing transiently (resets, 5xx, throttling) until its retries ran out."""
+
+
+class CommitOutcomeUnknownError(StorageError):
+    """The manifest write of a take failed in a way that leaves unknown whether it was committed
+    (an interrupt, a timeout, or a store that could not be asked afterwards). Every rank kept its
+    data: open the path to see whether the snapshot exists; if it does not, the leftovers are an
+    incomplete snapshot that ``SnapshotManager`` and ``snapshotkit cleanup`` remove."""
 
 
 class UnsafeStorageObjectError(StorageError):

@@ -46,7 +46,8 @@ def test_where_without_a_location_or_a_path() -> None:
     assert str(wrap_storage_failure(cause, action="listing", advice="A.", path="s3://b/p")) == (
         "listing the snapshot at 's3://b/p' failed: ConnectionResetError: reset. A."
     )
-    assert str(wrap_storage_failure(cause, action="reading", advice="A.", location="x")).startswith("reading 'x' failed")
+    alone = wrap_storage_failure(cause, action="reading", advice="A.", location="x")
+    assert str(alone).startswith("reading 'x' failed")
 
 
 def test_a_storage_error_keeps_its_class_and_gains_the_context() -> None:
