@@ -155,6 +155,12 @@ class Group:
 
         return (tuple(dist.get_process_group_ranks(self.pg)), self.rank, self.world_size)
 
+    def store(self) -> Any:
+        """The default process group's key-value store (usable from any thread, unlike collectives)."""
+        import torch.distributed as dist
+
+        return dist.distributed_c10d._get_default_store()
+
     def all_reduce_min(self, values: list[int], what: str) -> list[int]:
         """The element-wise minimum over the ranks of ``values`` (int64 each): one all-reduce of
         ``8 * len(values)`` bytes, whatever the world size."""

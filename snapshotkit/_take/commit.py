@@ -207,16 +207,15 @@ def _commit_manifest(commit: CommitPlan, document: bytes) -> tuple[Outcome, Base
     """Rank 0's step 2: write the manifest and say whether it is there, with the failure (if any).
 
     A write that raised (or was interrupted) is stopped and waited for, then the manifest is read
-    back: ours there is a commit, nothing (or another take's) an abort, and a write that would
-    not stop, or a store that cannot be read, leaves the outcome unknown.
+    back (also after a refusal as a duplicate: a retried write may have been refused by its own
+    earlier attempt): ours there is a commit, nothing (or another take's) an abort, and a write
+    that would not stop, or a store that cannot be read, leaves the outcome unknown.
     """
     spawned = spawn(_write_manifest_and_close(commit, document))
     try:
         spawned.result()
     except BaseException as exc:
         spawned.cancel()  # an interrupt of this thread: stop the write, and wait until it stopped
-        if isinstance(exc, SnapshotExistsError):
-            return Outcome.ABORTED, exc
         if not spawned.settled:
             return Outcome.UNKNOWN, exc
         try:
@@ -378,10 +377,10 @@ def discard(commit: CommitPlan, locations: Sequence[str]) -> None:
         run_sync(run())
     except BaseException as exc:
         logger.warning(
-            "could not delete the %d data object(s) a failed take wrote under %s (%s): %s: %s. They are left as an "
-            "incomplete snapshot; SnapshotManager or `snapshotkit cleanup` removes them",
-            len(locations),
+            "could not delete the data objects a failed take wrote under %s (of the %d it started: %s): %s: %s. "
+            "What was written is left as an incomplete snapshot; SnapshotManager or `snapshotkit cleanup` removes it",
             commit.path,
+            len(locations),
             ", ".join(list(locations)[:5]) + (f" and {len(locations) - 5} more" if len(locations) > 5 else ""),
             type(exc).__name__,
             exc,

@@ -141,9 +141,7 @@ class StoreRendezvous:
     publishes_after_interrupt: bool = True
 
     def _store(self) -> Any:
-        import torch.distributed as dist
-
-        return dist.distributed_c10d._get_default_store()
+        return self.group.store()
 
     def _result_key(self, rank: int) -> str:
         return f"{self.key}/result/{rank}"
