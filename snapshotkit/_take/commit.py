@@ -51,6 +51,7 @@ from snapshotkit._runtime.loop import run_sync, spawn
 from snapshotkit._storage_failure import wrap_storage_failure
 from snapshotkit._take.rendezvous import Outcome, Rendezvous, Verdict
 from snapshotkit._take.reuse import referenced_bases
+from snapshotkit._text import first_few
 from snapshotkit._version import __version__
 from snapshotkit.errors import (
     CollectiveTimeoutError,
@@ -381,7 +382,7 @@ def discard(commit: CommitPlan, locations: Sequence[str]) -> None:
             "What was written is left as an incomplete snapshot; SnapshotManager or `snapshotkit cleanup` removes it",
             commit.path,
             len(locations),
-            ", ".join(list(locations)[:5]) + (f" and {len(locations) - 5} more" if len(locations) > 5 else ""),
+            first_few(list(locations), show=str),
             type(exc).__name__,
             exc,
         )

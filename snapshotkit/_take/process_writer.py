@@ -63,15 +63,10 @@ class ProcessWriter:
     defers_writes = True
 
     def __init__(self, niceness: int) -> None:
-        from snapshotkit.storage._registry import _registered
-
-        registrations = {}
-        for scheme, factory in _registered.items():
-            try:
-                pickle.dumps(factory)
-            except Exception:  # noqa: S112 - lambdas and closures cannot reach the daemon
-                continue
-            registrations[scheme] = factory
+        #: The registrations the daemon was sent (or skipped, when not picklable), by scheme.
+        self._sent_registrations: dict[str, Any] = {}
+        self._registry_lock = threading.Lock()
+        registrations = self._new_registrations()
         # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's
         # __main__ and fails in scripts without a main guard), connected by a socket pair.
         parent, child = socket.socketpair()
@@ -193,6 +188,9 @@ class ProcessWriter:
         try:
             if self.dead is not None:
                 raise CheckpointDaemonError(self.dead)
+            registrations = self._new_registrations()
+            if registrations:  # registered since the daemon started (or last heard): before the write
+                self._connection.send(("register", registrations))
             self._connection.send(message)
         except (OSError, ValueError, CheckpointDaemonError) as exc:
             with self._lock:
@@ -201,6 +199,24 @@ class ProcessWriter:
                 CheckpointDaemonError(f"could not reach the checkpoint daemon ({exc}); the snapshot was not committed")
             )
         return job
+
+    def _new_registrations(self) -> dict[str, Any]:
+        """The storage plugins registered in this process that the daemon has not been sent yet
+        (lambdas and closures cannot reach it, and are skipped)."""
+        from snapshotkit.storage._registry import _registered
+
+        new = {}
+        with self._registry_lock:
+            for scheme, factory in list(_registered.items()):
+                if self._sent_registrations.get(scheme) is factory:
+                    continue
+                self._sent_registrations[scheme] = factory
+                try:
+                    pickle.dumps(factory)
+                except Exception:  # noqa: S112 - cannot reach the daemon
+                    continue
+                new[scheme] = factory
+        return new
 
     def release(self, target: Target) -> None:
         return None  # the daemon keeps its plugins for the next snapshot
