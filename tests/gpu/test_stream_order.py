@@ -1,0 +1,123 @@
+"""GPU staging is ordered after the kernels that produce the tensors (:mod:`snapshotkit._take.gpu_copy`).
+
+Each test queues a long kernel (``torch.cuda._sleep``) and then the kernel that writes the final
+values, and calls ``async_take`` at once, while both are still queued: the stored values must be
+the final ones. Before the fix the side stream did not wait for the caller's stream, so the copy
+ran during the sleep and stored the old values under a valid checksum.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from snapshotkit import Snapshot, StateDict
+from snapshotkit._take import writers
+
+EXECUTORS = ["thread", "process"]
+NUMEL = 4 << 20  # 16 MiB of float32: several pieces
+#: GPU clock cycles of the long kernel: a few hundred milliseconds on current GPUs, far longer
+#: than staging takes to start a copy.
+SLEEP_CYCLES = 1_000_000_000
+pytestmark = pytest.mark.timeout(300)
+
+
+def _late(device: torch.device, *, numel: int = NUMEL, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, Any]:
+    """A tensor of zeros on ``device`` whose final values (returned, on the CPU) a kernel queued
+    behind a long one on the current stream writes."""
+    with torch.cuda.device(device):
+        final = torch.randn(numel, device=device).to(dtype)
+        value = torch.zeros_like(final)
+        torch.cuda.synchronize(device)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        value.copy_(final)  # queued behind the sleep
+    return value, final.cpu()
+
+
+def _stored(path: str, key: str) -> torch.Tensor:
+    return Snapshot(path).read_object(f"sd/{key}")
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_the_copy_waits_for_kernels_queued_on_the_current_stream(tmp_path: Path, executor: str) -> None:
+    value, final = _late(torch.device("cuda", 0))
+    path = str(tmp_path / "s")
+    pending = Snapshot.async_take(path, {"sd": StateDict(x=value)}, executor=executor)
+    value.fill_(-1.0)  # after async_take returned: not in the snapshot
+    pending.wait()
+    assert torch.equal(_stored(path, "x"), final)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_the_copy_waits_for_the_callers_own_stream(tmp_path: Path, executor: str) -> None:
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        value, final = _late(torch.device("cuda", 0))
+        path = str(tmp_path / "s")
+        Snapshot.async_take(path, {"sd": StateDict(x=value)}, executor=executor).wait()
+    assert torch.equal(_stored(path, "x"), final)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_views_and_lazy_conjugates_are_copied_after_the_producer(tmp_path: Path, executor: str) -> None:
+    device = torch.device("cuda", 0)
+    value, final = _late(device, numel=1024 * 1024)
+    matrix, final_matrix = value.view(1024, 1024), final.view(1024, 1024)
+    complex_value, complex_final = _late(device, numel=1 << 20, dtype=torch.complex64)
+    path = str(tmp_path / "s")
+    state = {"t": matrix.t(), "rows": matrix[::3], "conj": complex_value.conj(), "neg": torch._neg_view(value)}
+    Snapshot.async_take(path, {"sd": StateDict(state)}, executor=executor).wait()
+    assert torch.equal(_stored(path, "t"), final_matrix.t())
+    assert torch.equal(_stored(path, "rows"), final_matrix[::3])
+    assert torch.equal(_stored(path, "conj"), complex_final.conj().resolve_conj())
+    assert torch.equal(_stored(path, "neg"), -final)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_staging_buffers_are_pinned_only_for_gpu_state(tmp_path: Path, executor: str) -> None:
+    def pinned_bytes() -> int:
+        return sum(w._gpu.pinned_bytes for w in writers._writers.values() if w.name == executor)  # type: ignore[attr-defined]
+
+    numel = 37 << 18  # 37 MiB of float32: a 64 MiB bucket no other test in this module uses
+    cpu_state = {"x": torch.randn(numel)}
+    Snapshot.async_take(str(tmp_path / "cpu"), {"sd": StateDict(cpu_state)}, executor=executor).wait()
+    before = pinned_bytes()
+    Snapshot.async_take(str(tmp_path / "cpu2"), {"sd": StateDict(cpu_state)}, executor=executor).wait()
+    assert pinned_bytes() == before  # a CPU state pins nothing
+    gpu_state = {"x": cpu_state["x"].cuda()}
+    Snapshot.async_take(str(tmp_path / "gpu"), {"sd": StateDict(gpu_state)}, executor=executor).wait()
+    assert pinned_bytes() >= before + (64 << 20)
+    assert torch.equal(_stored(str(tmp_path / "gpu"), "x"), cpu_state["x"])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("current", [0, 1])
+def test_each_device_is_copied_on_its_own_side_stream(tmp_path: Path, executor: str, current: int) -> None:
+    # Before: one side stream, on the device current at first use; a tensor on another device was
+    # copied on that device's own stream, and staging waited only for the side stream.
+    values, finals = {}, {}
+    for index in (0, 1):
+        values[f"d{index}"], finals[f"d{index}"] = _late(torch.device("cuda", index))
+    path = str(tmp_path / "s")
+    with torch.cuda.device(current):
+        Snapshot.async_take(path, {"sd": StateDict(values)}, executor=executor).wait()
+    for key, final in finals.items():
+        assert torch.equal(_stored(path, key), final), key
+
+
+def test_restore_is_ordered_on_the_current_stream(tmp_path: Path) -> None:
+    # Restore copies host -> GPU with copy_ on the destination's current stream: after the kernels
+    # queued there, before the ones queued after it.
+    stored = torch.randn(NUMEL)
+    path = str(tmp_path / "s")
+    Snapshot.take(path, {"sd": StateDict(x=stored)})
+    destination = torch.zeros(NUMEL, device="cuda")
+    torch.cuda._sleep(SLEEP_CYCLES)
+    destination.fill_(5.0)  # queued before the restore: overwritten by it
+    Snapshot(path).restore({"sd": StateDict(x=destination)})
+    destination.add_(1.0)  # queued after: sees the restored values
+    assert torch.equal(destination.cpu(), stored + 1.0)
