@@ -102,7 +102,7 @@ class GpuCopies:
                 return True
             if address in self._failed or nbytes == 0:
                 return False
-            code = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, _REGISTER_PORTABLE))
+            code = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, _REGISTER_PORTABLE))  # type: ignore[no-untyped-call]
             if code != 0:
                 self._failed.add(address)
                 logger.warning(
@@ -133,7 +133,7 @@ class GpuCopies:
             self._failed.discard(address)
             if self._pinned.pop(address, None) is None:
                 return
-            code = int(torch.cuda.cudart().cudaHostUnregister(address))
+            code = int(torch.cuda.cudart().cudaHostUnregister(address))  # type: ignore[no-untyped-call]
         if code != 0:
             logger.warning("could not unpin a staging buffer (cudaHostUnregister error %d)", code)
 
@@ -150,4 +150,3 @@ class GpuCopies:
         finally:
             for side in streams.values():
                 side.record_event().synchronize()
-

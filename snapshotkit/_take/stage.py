@@ -118,7 +118,10 @@ def stage_into(
     when this returns or raises (the rules of :mod:`snapshotkit._take.gpu_copy`); ``out`` should
     then be pinned. Without it they are copied on the current stream, synchronously.
     """
-    with gpu.ordered(cuda_devices(plan, payloads)) if gpu is not None else contextlib.nullcontext({}) as streams:
+    ordering: contextlib.AbstractContextManager[dict[int, Any]] = (
+        gpu.ordered(cuda_devices(plan, payloads)) if gpu is not None else contextlib.nullcontext({})
+    )
+    with ordering as streams:
         position = 0
         for slot in plan.slots:
             if slot.offset > position:

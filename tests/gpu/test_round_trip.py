@@ -11,6 +11,7 @@ import torch
 
 from snapshotkit import RNGState, Snapshot, StateDict
 
+
 def test_cuda_tensors_round_trip_in_place(tmp_path: Path) -> None:
     values = {
         "w": torch.randn(1000, 300, device="cuda"),

@@ -109,15 +109,18 @@ def test_each_device_is_copied_on_its_own_side_stream(tmp_path: Path, executor: 
         assert torch.equal(_stored(path, key), final), key
 
 
-def test_restore_is_ordered_on_the_current_stream(tmp_path: Path) -> None:
-    # Restore copies host -> GPU with copy_ on the destination's current stream: after the kernels
-    # queued there, before the ones queued after it.
+@pytest.mark.parametrize("own_stream", [False, True])
+def test_restore_fills_after_the_callers_queued_kernels(tmp_path: Path, own_stream: bool) -> None:
+    # Reads fill GPU destinations from worker threads (the device's default stream); before the
+    # fix, a kernel still queued on the caller's own stream wrote its stale values afterwards.
     stored = torch.randn(NUMEL)
     path = str(tmp_path / "s")
     Snapshot.take(path, {"sd": StateDict(x=stored)})
     destination = torch.zeros(NUMEL, device="cuda")
-    torch.cuda._sleep(SLEEP_CYCLES)
-    destination.fill_(5.0)  # queued before the restore: overwritten by it
-    Snapshot(path).restore({"sd": StateDict(x=destination)})
-    destination.add_(1.0)  # queued after: sees the restored values
-    assert torch.equal(destination.cpu(), stored + 1.0)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(torch.cuda.Stream() if own_stream else None):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        destination.fill_(5.0)  # queued before the restore: overwritten by it
+        Snapshot(path).restore({"sd": StateDict(x=destination)})
+        destination.add_(1.0)  # queued after: sees the restored values
+        assert torch.equal(destination.cpu(), stored + 1.0)
