@@ -167,8 +167,9 @@ class ProcessWriter:
             view.release()  # no exported views may outlive the segment's close at exit
         self._segments.put(staged.handle.size, staged.handle)
 
-    def preallocate(self, sizes: Mapping[int, int]) -> int:
-        """Pool free segments of ``sizes`` (bucket size -> count), pages faulted in; the bytes made."""
+    def preallocate(self, sizes: Mapping[int, int], *, pinned: bool = False) -> int:
+        """Pool free segments of ``sizes`` (bucket size -> count), pages faulted in (and pinned,
+        with ``pinned``); the bytes made."""
 
         def make(size: int) -> shared_memory.SharedMemory:
             segment = shared_memory.SharedMemory(create=True, size=size)
@@ -177,6 +178,8 @@ class ProcessWriter:
             for start in range(0, size, len(zeros)):  # writing every page faults it in now
                 end = min(size, start + len(zeros))
                 segment.buf[start:end] = zeros[: end - start]
+            if pinned:
+                self._gpu.pin(_address(segment), size)
             return segment
 
         return self._segments.preallocate(sizes, make)

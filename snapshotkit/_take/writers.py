@@ -254,12 +254,16 @@ class ThreadWriter(_LoopWriter):
     def give_back(self, staged: StagedObject) -> None:
         self._buffers.put(staged.handle.numel(), staged.handle)
 
-    def preallocate(self, sizes: Mapping[int, int]) -> int:
-        """Pool free buffers of ``sizes`` (bucket size -> count), pages faulted in; the bytes made."""
+    def preallocate(self, sizes: Mapping[int, int], *, pinned: bool = False) -> int:
+        """Pool free buffers of ``sizes`` (bucket size -> count), pages faulted in (and pinned,
+        with ``pinned``); the bytes made."""
 
         def make(size: int) -> torch.Tensor:
             # Writing every page now faults it in: a first staging copy would otherwise pay for it.
-            return host_buffer(size).zero_()
+            buffer = host_buffer(size).zero_()
+            if pinned:
+                self._gpu.pin_tensor(buffer)
+            return buffer
 
         return self._buffers.preallocate(sizes, make)
 

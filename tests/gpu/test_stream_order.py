@@ -81,7 +81,7 @@ def test_staging_buffers_are_pinned_only_for_gpu_state(tmp_path: Path, executor:
     def pinned_bytes() -> int:
         return sum(w._gpu.pinned_bytes for w in writers._writers.values() if w.name == executor)  # type: ignore[attr-defined]
 
-    numel = 37 << 18  # 37 MiB of float32: a 64 MiB bucket no other test in this module uses
+    numel = 37 << 18  # 37 MiB of float32 in one data object: a 64 MiB bucket no other test of this module uses
     cpu_state = {"x": torch.randn(numel)}
     Snapshot.async_take(str(tmp_path / "cpu"), {"sd": StateDict(cpu_state)}, executor=executor).wait()
     before = pinned_bytes()
@@ -91,6 +91,17 @@ def test_staging_buffers_are_pinned_only_for_gpu_state(tmp_path: Path, executor:
     Snapshot.async_take(str(tmp_path / "gpu"), {"sd": StateDict(gpu_state)}, executor=executor).wait()
     assert pinned_bytes() >= before + (64 << 20)
     assert torch.equal(_stored(str(tmp_path / "gpu"), "x"), cpu_state["x"])
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_prepare_async_pins_the_buffers_of_a_gpu_state(executor: str) -> None:
+    def pinned_bytes() -> int:
+        return sum(w._gpu.pinned_bytes for w in writers._writers.values() if w.name == executor)  # type: ignore[attr-defined]
+
+    before = pinned_bytes()
+    made = Snapshot.prepare_async({"sd": StateDict(x=torch.zeros(5 << 18, device="cuda"))}, executor=executor)
+    assert made >= 8 << 20  # a 5 MiB object: an 8 MiB bucket no other test of this module uses
+    assert pinned_bytes() >= before + made
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

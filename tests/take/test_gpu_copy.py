@@ -49,6 +49,7 @@ def test_a_cpu_state_pins_nothing_where_cuda_is_available(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     values = {"w": torch.randn(300, 200), "strided": torch.randn(64, 32).t(), "step": 3}
     path = str(tmp_path / "s")
+    Snapshot.prepare_async({"sd": StateDict(values)}, executor=executor)
     Snapshot.async_take(path, {"sd": StateDict(values)}, executor=executor).wait()
     monkeypatch.undo()
     assert torch.equal(Snapshot(path).read_object("sd/w"), values["w"])
