@@ -77,11 +77,15 @@ def test_views_and_lazy_conjugates_are_copied_after_the_producer(tmp_path: Path,
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
-def test_staging_buffers_are_pinned_only_for_gpu_state(tmp_path: Path, executor: str) -> None:
+def test_staging_buffers_are_pinned_only_for_gpu_state(
+    tmp_path: Path, executor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def pinned_bytes() -> int:
         return sum(w._gpu.pinned_bytes for w in writers._writers.values() if w.name == executor)  # type: ignore[attr-defined]
 
-    numel = 37 << 18  # 37 MiB of float32 in one data object: a 64 MiB bucket no other test of this module uses
+    # One 90 MiB data object: a 128 MiB bucket, which no other test's data objects (64 MiB at most) use.
+    monkeypatch.setenv("SNAPSHOTKIT_DATA_OBJECT_BYTES", str(100 << 20))
+    numel = 90 << 18
     cpu_state = {"x": torch.randn(numel)}
     Snapshot.async_take(str(tmp_path / "cpu"), {"sd": StateDict(cpu_state)}, executor=executor).wait()
     before = pinned_bytes()
@@ -89,18 +93,20 @@ def test_staging_buffers_are_pinned_only_for_gpu_state(tmp_path: Path, executor:
     assert pinned_bytes() == before  # a CPU state pins nothing
     gpu_state = {"x": cpu_state["x"].cuda()}
     Snapshot.async_take(str(tmp_path / "gpu"), {"sd": StateDict(gpu_state)}, executor=executor).wait()
-    assert pinned_bytes() >= before + (64 << 20)
+    assert pinned_bytes() == before + (128 << 20)
     assert torch.equal(_stored(str(tmp_path / "gpu"), "x"), cpu_state["x"])
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
-def test_prepare_async_pins_the_buffers_of_a_gpu_state(executor: str) -> None:
+def test_prepare_async_pins_the_buffers_of_a_gpu_state(executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
     def pinned_bytes() -> int:
         return sum(w._gpu.pinned_bytes for w in writers._writers.values() if w.name == executor)  # type: ignore[attr-defined]
 
     before = pinned_bytes()
-    made = Snapshot.prepare_async({"sd": StateDict(x=torch.zeros(5 << 18, device="cuda"))}, executor=executor)
-    assert made >= 8 << 20  # a 5 MiB object: an 8 MiB bucket no other test of this module uses
+    # One 150 MiB data object: a 256 MiB bucket, which no other test's data objects (64 MiB at most) use.
+    monkeypatch.setenv("SNAPSHOTKIT_DATA_OBJECT_BYTES", str(160 << 20))
+    made = Snapshot.prepare_async({"sd": StateDict(x=torch.zeros(150 << 18, device="cuda"))}, executor=executor)
+    assert made == 256 << 20
     assert pinned_bytes() >= before + made
 
 
