@@ -56,9 +56,9 @@ def cuda_device_indices(devices: Iterable[torch.device]) -> tuple[int, ...]:
 
 def cuda_devices(plan: DataObjectPlan, payloads: Sequence[Payload]) -> tuple[int, ...]:
     """The CUDA devices whose tensors staging ``plan`` reads (empty for a CPU-only object)."""
-    return cuda_device_indices(
-        tensor.device for tensor in (payloads[slot.payload].tensor for slot in plan.slots) if tensor is not None
-    )
+    # is_cuda first: it is cheap, and a take of many small CPU tensors asks once per data object.
+    tensors = [t for t in (payloads[slot.payload].tensor for slot in plan.slots) if t is not None and t.is_cuda]
+    return cuda_device_indices(tensor.device for tensor in tensors) if tensors else ()
 
 
 def host_buffer(nbytes: int) -> torch.Tensor:
