@@ -9,7 +9,6 @@ ran during the sleep and stored the old values under a valid checksum.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -25,16 +24,23 @@ SLEEP_CYCLES = 1_000_000_000
 pytestmark = pytest.mark.timeout(300)
 
 
-def _late(device: torch.device, *, numel: int = NUMEL, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, Any]:
-    """A tensor of zeros on ``device`` whose final values (returned, on the CPU) a kernel queued
-    behind a long one on the current stream writes."""
-    with torch.cuda.device(device):
-        final = torch.randn(numel, device=device).to(dtype)
-        value = torch.zeros_like(final)
-        torch.cuda.synchronize(device)
-        torch.cuda._sleep(SLEEP_CYCLES)
-        value.copy_(final)  # queued behind the sleep
-    return value, final.cpu()
+def _late(specs: dict[str, tuple[int, int, torch.dtype]]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Tensors of zeros (``name -> (device index, numel, dtype)``) whose final values (returned, on
+    the CPU) kernels queued behind a long one on each device's current stream write."""
+    values, finals, expected = {}, {}, {}
+    for name, (index, numel, dtype) in specs.items():
+        finals[name] = torch.randn(numel, device=f"cuda:{index}", dtype=dtype)
+        values[name] = torch.zeros_like(finals[name])
+        expected[name] = finals[name].cpu()  # before the sleep: a copy to the CPU would wait for it
+    devices = sorted({index for index, _, _ in specs.values()})
+    for index in devices:
+        torch.cuda.synchronize(index)
+    for index in devices:
+        with torch.cuda.device(index):
+            torch.cuda._sleep(SLEEP_CYCLES)
+    for name, value in values.items():
+        value.copy_(finals[name])  # on its device's current stream, behind the sleep
+    return values, expected
 
 
 def _stored(path: str, key: str) -> torch.Tensor:
@@ -43,37 +49,40 @@ def _stored(path: str, key: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_the_copy_waits_for_kernels_queued_on_the_current_stream(tmp_path: Path, executor: str) -> None:
-    value, final = _late(torch.device("cuda", 0))
+    values, expected = _late({"x": (0, NUMEL, torch.float32)})
     path = str(tmp_path / "s")
-    pending = Snapshot.async_take(path, {"sd": StateDict(x=value)}, executor=executor)
-    value.fill_(-1.0)  # after async_take returned: not in the snapshot
+    pending = Snapshot.async_take(path, {"sd": StateDict(values)}, executor=executor)
+    values["x"].fill_(-1.0)  # after async_take returned: not in the snapshot
     pending.wait()
-    assert torch.equal(_stored(path, "x"), final)
+    assert torch.equal(_stored(path, "x"), expected["x"])
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_the_copy_waits_for_the_callers_own_stream(tmp_path: Path, executor: str) -> None:
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        value, final = _late(torch.device("cuda", 0))
+        values, expected = _late({"x": (0, NUMEL, torch.float32)})
         path = str(tmp_path / "s")
-        Snapshot.async_take(path, {"sd": StateDict(x=value)}, executor=executor).wait()
-    assert torch.equal(_stored(path, "x"), final)
+        Snapshot.async_take(path, {"sd": StateDict(values)}, executor=executor).wait()
+    assert torch.equal(_stored(path, "x"), expected["x"])
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_views_and_lazy_conjugates_are_copied_after_the_producer(tmp_path: Path, executor: str) -> None:
-    device = torch.device("cuda", 0)
-    value, final = _late(device, numel=1024 * 1024)
-    matrix, final_matrix = value.view(1024, 1024), final.view(1024, 1024)
-    complex_value, complex_final = _late(device, numel=1 << 20, dtype=torch.complex64)
+    values, expected = _late({"real": (0, 1 << 20, torch.float32), "complex": (0, 1 << 20, torch.complex64)})
+    matrix, final_matrix = values["real"].view(1024, 1024), expected["real"].view(1024, 1024)
     path = str(tmp_path / "s")
-    state = {"t": matrix.t(), "rows": matrix[::3], "conj": complex_value.conj(), "neg": torch._neg_view(value)}
+    state = {
+        "t": matrix.t(),
+        "rows": matrix[::3],
+        "conj": values["complex"].conj(),
+        "neg": torch._neg_view(values["real"]),
+    }
     Snapshot.async_take(path, {"sd": StateDict(state)}, executor=executor).wait()
     assert torch.equal(_stored(path, "t"), final_matrix.t())
     assert torch.equal(_stored(path, "rows"), final_matrix[::3])
-    assert torch.equal(_stored(path, "conj"), complex_final.conj().resolve_conj())
-    assert torch.equal(_stored(path, "neg"), -final)
+    assert torch.equal(_stored(path, "conj"), expected["complex"].conj().resolve_conj())
+    assert torch.equal(_stored(path, "neg"), -expected["real"])
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
@@ -116,13 +125,11 @@ def test_prepare_async_pins_the_buffers_of_a_gpu_state(executor: str, monkeypatc
 def test_each_device_is_copied_on_its_own_side_stream(tmp_path: Path, executor: str, current: int) -> None:
     # Before: one side stream, on the device current at first use; a tensor on another device was
     # copied on that device's own stream, and staging waited only for the side stream.
-    values, finals = {}, {}
-    for index in (0, 1):
-        values[f"d{index}"], finals[f"d{index}"] = _late(torch.device("cuda", index))
+    values, expected = _late({"d0": (0, NUMEL, torch.float32), "d1": (1, NUMEL, torch.float32)})
     path = str(tmp_path / "s")
     with torch.cuda.device(current):
         Snapshot.async_take(path, {"sd": StateDict(values)}, executor=executor).wait()
-    for key, final in finals.items():
+    for key, final in expected.items():
         assert torch.equal(_stored(path, key), final), key
 
 
