@@ -21,7 +21,7 @@ CUDA the script exits with status 2 and a message, writing nothing. Results: doc
 
 Usage::
 
-    python benchmarks/bench_gpu.py --out gpu.json                 # 2 GiB, about 2 minutes on one GPU
+    python benchmarks/bench_gpu.py --out gpu.json                 # 2 GiB; sized for < 5 min on one GPU (not yet run)
     python benchmarks/bench_gpu.py --quick --out /tmp/gpu.json    # 64 MiB smoke run
     python benchmarks/bench_gpu.py --modes memcpy,thread --state-bytes 8GiB
 """

@@ -230,10 +230,14 @@ class ProcessWriter:
             self.process.kill()
             self.process.wait(5)
         for segment in self._segments.allocated:
-            if segment.buf is not None and self._gpu.pinned_bytes:
-                self._gpu.unpin(_address(segment))  # before the mapping goes away
-            try:
-                segment.close()
-                segment.unlink()
-            except (FileNotFoundError, BufferError):
-                pass
+            self._close_segment(segment)
+
+    def _close_segment(self, segment: shared_memory.SharedMemory) -> None:
+        """Unpin (if pinned), unmap and remove a segment no staged object uses."""
+        if segment.buf is not None and self._gpu.pinned_bytes:
+            self._gpu.unpin(_address(segment))  # before the mapping goes away
+        try:
+            segment.close()
+            segment.unlink()
+        except (FileNotFoundError, BufferError):
+            pass
