@@ -64,7 +64,12 @@ def cuda_devices(plan: DataObjectPlan, payloads: Sequence[Payload]) -> tuple[int
 def host_buffer(nbytes: int) -> torch.Tensor:
     """A new uint8 CPU tensor of ``nbytes`` in pages of its own (an anonymous mapping), so it can
     be pinned and unpinned without touching memory that other allocations share a page with."""
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)
+    if hasattr(mmap, "MAP_PRIVATE"):
+        # Private, as malloc's memory is: a process forked later (a data loader worker) does not share it.
+        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    else:  # pragma: no cover - Windows
+        mapping = mmap.mmap(-1, nbytes)
+    return torch.frombuffer(mapping, dtype=torch.uint8)
 
 
 class GpuCopies:
