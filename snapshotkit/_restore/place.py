@@ -97,8 +97,13 @@ class LeafLoader:
             slot = _Slot()
             self._add_blob(logical_path, entry.piece, lambda obj: setattr(slot, "value", obj))
             return lambda: slot.value
-        if isinstance(destination, torch.Tensor) and destination.is_cuda:
-            self._after_queued_work(destination.device)
+        if isinstance(destination, torch.Tensor):
+            if destination.is_cuda:  # a DTensor's device is its local tensor's
+                self._after_queued_work(destination.device)
+            elif is_sharded(destination):  # a ShardedTensor's device says nothing of its shards
+                for _, local in destination_boxes(destination) or ():
+                    if local.is_cuda:
+                        self._after_queued_work(local.device)
         if isinstance(entry, TensorEntry):
             if is_sharded(destination):
                 return self._add_tensor_into_shards(logical_path, entry, destination)
