@@ -199,7 +199,8 @@ class Snapshot:
 
         Returns once everything the caller could change has been copied: ``state_dict()`` was
         called, objects serialized, and every tensor piece copied into staging buffers (GPU
-        tensors through pinned buffers on a side stream). From then on, nothing the caller does
+        tensors through pinned buffers on a side stream per device, after the kernels already
+        queued on the caller's current stream). From then on, nothing the caller does
         to its modules, optimizers or tensors changes the snapshot. Staging holds at most
         ``memory_budget_bytes`` at once: beyond it, ``async_take`` waits for background writes
         to drain. Another ``async_take`` while one is pending queues behind it (its writes go
@@ -258,7 +259,7 @@ class Snapshot:
         Plans the take of ``app_state`` as :meth:`async_take` would with the same arguments (calls
         ``state_dict()``; collective: call it on every rank), then allocates the staging buffers
         that take holds at once, up to ``memory_budget_bytes`` (rounded up to powers of two;
-        pinned when CUDA is present; shared memory and the checkpoint daemon for ``"process"``),
+        pinned when the state has GPU tensors; shared memory and the checkpoint daemon for ``"process"``),
         and writes every page so the first copy pays no page faults. Nothing is written to
         storage. Idempotent; the next :meth:`async_take` with this ``executor`` uses the buffers,
         which stay pooled for later takes. Arguments and errors (raised before anything is

@@ -77,6 +77,8 @@ class LeafLoader:
         # same bytes share their first piece and nothing else.
         self._fresh: dict[tuple[Any, ...], _Slot] = {}
         self._in_place: set[tuple[Any, ...]] = set()
+        #: The CUDA devices whose caller's stream :meth:`_after_queued_work` synchronized.
+        self._synced_devices: set[int | None] = set()
 
     def add(
         self, logical_path: str, entry: Entry, destination: Any = None, *, matches: bool | None = None
@@ -95,6 +97,13 @@ class LeafLoader:
             slot = _Slot()
             self._add_blob(logical_path, entry.piece, lambda obj: setattr(slot, "value", obj))
             return lambda: slot.value
+        if isinstance(destination, torch.Tensor):
+            if destination.is_cuda:  # a DTensor's device is its local tensor's
+                self._after_queued_work(destination.device)
+            elif is_sharded(destination):  # a ShardedTensor's device says nothing of its shards
+                for _, local in destination_boxes(destination) or ():
+                    if local.is_cuda:
+                        self._after_queued_work(local.device)
         if isinstance(entry, TensorEntry):
             if is_sharded(destination):
                 return self._add_tensor_into_shards(logical_path, entry, destination)
@@ -102,6 +111,18 @@ class LeafLoader:
         if isinstance(entry, ShardedTensorEntry):
             return self._add_sharded(logical_path, entry, destination)
         raise ManifestError(f"{logical_path!r} is a {entry.kind}, not a leaf")
+
+    def _after_queued_work(self, device: torch.device) -> None:
+        """Wait for the work queued on the caller's current stream of ``device`` (once per device).
+
+        Reads fill GPU destinations from worker threads, whose current stream is the device's
+        default stream: a kernel the caller queued on another stream and that still writes a
+        destination would otherwise land after the restored values. The fills themselves are
+        synchronous copies, so work queued after the restore sees the restored values.
+        """
+        if device.index not in self._synced_devices:
+            self._synced_devices.add(device.index)
+            torch.cuda.current_stream(device).synchronize()
 
     def allocate(self) -> None:
         """Allocate the new tensors planned so far and add their reads to :attr:`reads`.

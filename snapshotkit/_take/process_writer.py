@@ -1,6 +1,7 @@
 """The writer of ``async_take(executor="process")``: a checkpoint daemon fed through shared memory.
 
-Staged objects are copied into pooled shared-memory segments (reused between snapshots); only
+Staged objects are copied into pooled shared-memory segments (reused between snapshots; pinned
+once they stage a GPU piece, whose copies then run on a side stream as the thread writer's do); only
 small control messages cross the socket to the daemon (:mod:`snapshotkit._take.daemon`), which
 checksums and writes them with the same storage plugins, so checksumming and storage calls
 never hold the trainer's GIL. The daemon is started on first use, reused, and replaced when it
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import multiprocessing.connection
 import os
 import pickle
@@ -25,6 +27,7 @@ from typing import Any
 from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import DataObjectPlan
 from snapshotkit._plan.leaves import Payload
+from snapshotkit._take.gpu_copy import GpuCopies, cuda_devices
 from snapshotkit._take.stage import StagedObject, stage_into
 from snapshotkit._take.writers import PooledBuffers, Target, WriteJob, bucket_bytes
 from snapshotkit.errors import CheckpointDaemonError, StorageError
@@ -44,6 +47,12 @@ if int(sys.argv[2]) > 0:
 from snapshotkit._take.daemon import main
 main()
 """
+
+
+def _address(segment: shared_memory.SharedMemory) -> int:
+    """Where ``segment`` is mapped in this process."""
+    assert segment.buf is not None
+    return ctypes.addressof(ctypes.c_char.from_buffer(segment.buf))
 
 
 class _DaemonJob:
@@ -84,6 +93,7 @@ class ProcessWriter:
         self._next_job = 0
         self._lock = threading.Lock()
         self._segments = PooledBuffers()
+        self._gpu = GpuCopies()
         self.dead: str | None = None
         self._reader = threading.Thread(target=self._read_replies, name="snapshotkit-daemon-replies", daemon=True)
         self._reader.start()
@@ -139,7 +149,10 @@ class ProcessWriter:
             self._segments.add(segment)
         assert segment.buf is not None
         try:
-            return stage_into(plan, payloads, segment.buf[: plan.nbytes], segment)
+            if cuda_devices(plan, payloads):
+                self._gpu.pin(_address(segment), size)  # so GPU pieces copy asynchronously
+            # Every copy has finished when stage_into returns: the daemon reads finished bytes.
+            return stage_into(plan, payloads, segment.buf[: plan.nbytes], segment, self._gpu)
         except BaseException:
             self._segments.put(size, segment)
             raise
@@ -149,8 +162,9 @@ class ProcessWriter:
             view.release()  # no exported views may outlive the segment's close at exit
         self._segments.put(staged.handle.size, staged.handle)
 
-    def preallocate(self, sizes: Mapping[int, int]) -> int:
-        """Pool free segments of ``sizes`` (bucket size -> count), pages faulted in; the bytes made."""
+    def preallocate(self, sizes: Mapping[int, int], *, pinned: bool = False) -> int:
+        """Pool free segments of ``sizes`` (bucket size -> count), pages faulted in (and pinned,
+        with ``pinned``); the bytes made."""
 
         def make(size: int) -> shared_memory.SharedMemory:
             segment = shared_memory.SharedMemory(create=True, size=size)
@@ -159,6 +173,8 @@ class ProcessWriter:
             for start in range(0, size, len(zeros)):  # writing every page faults it in now
                 end = min(size, start + len(zeros))
                 segment.buf[start:end] = zeros[: end - start]
+            if pinned:
+                self._gpu.pin(_address(segment), size)
             return segment
 
         return self._segments.preallocate(sizes, make)
@@ -230,8 +246,14 @@ class ProcessWriter:
             self.process.kill()
             self.process.wait(5)
         for segment in self._segments.allocated:
-            try:
-                segment.close()
-                segment.unlink()
-            except (FileNotFoundError, BufferError):
-                pass
+            self._close_segment(segment)
+
+    def _close_segment(self, segment: shared_memory.SharedMemory) -> None:
+        """Unpin (if pinned), unmap and remove a segment no staged object uses."""
+        if segment.buf is not None and self._gpu.pinned_bytes:
+            self._gpu.unpin(_address(segment))  # before the mapping goes away
+        try:
+            segment.close()
+            segment.unlink()
+        except (FileNotFoundError, BufferError):
+            pass

@@ -30,9 +30,10 @@ _NO_PATH = "prepare_async://"
 class Preallocating(Protocol):
     """A writer whose staging buffers can be made ahead of a take."""
 
-    def preallocate(self, sizes: Counter[int]) -> int:
-        """Have at least ``sizes[size]`` free buffers of each bucket ``size``, pages faulted in;
-        return the bytes of buffers made now."""
+    def preallocate(self, sizes: Counter[int], *, pinned: bool = False) -> int:
+        """Have at least ``sizes[size]`` free buffers of each bucket ``size``, pages faulted in
+        (and those made now pinned, with ``pinned``: the state has GPU tensors); return the bytes
+        of buffers made now."""
         ...
 
 
@@ -110,4 +111,6 @@ def prepare_writer(writer: Writer, plan: TakePlan, local: LocalState, config: Co
     (0 when an earlier take or warm-up already made them)."""
     if not isinstance(writer, Preallocating):  # pragma: no cover - both background writers are
         return 0
-    return writer.preallocate(buffers_held_at_once(plan, local, writer, config.memory_budget_bytes))
+    sizes = buffers_held_at_once(plan, local, writer, config.memory_budget_bytes)
+    pinned = any(payload.tensor is not None and payload.tensor.is_cuda for payload in local.payloads)
+    return writer.preallocate(sizes, pinned=pinned)
