@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from snapshotkit import Snapshot, StateDict
-from snapshotkit._take import writers
+from snapshotkit._take import executors
 
 EXECUTORS = ["thread", "process"]
 NUMEL = 4 << 20  # 16 MiB of float32: several pieces
@@ -90,7 +90,7 @@ def test_staging_buffers_are_pinned_only_for_gpu_state(
     tmp_path: Path, executor: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def pinned_bytes() -> int:
-        return sum(w._gpu.pinned_bytes for w in writers._writers.values() if w.name == executor)  # type: ignore[attr-defined]
+        return sum(w._gpu.pinned_bytes for w in executors._writers.values() if w.name == executor)  # type: ignore[attr-defined]
 
     # One 90 MiB data object: a 128 MiB bucket, which no other test's data objects (64 MiB at most) use.
     monkeypatch.setenv("SNAPSHOTKIT_DATA_OBJECT_BYTES", str(100 << 20))
@@ -109,7 +109,7 @@ def test_staging_buffers_are_pinned_only_for_gpu_state(
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_prepare_async_pins_the_buffers_of_a_gpu_state(executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
     def pinned_bytes() -> int:
-        return sum(w._gpu.pinned_bytes for w in writers._writers.values() if w.name == executor)  # type: ignore[attr-defined]
+        return sum(w._gpu.pinned_bytes for w in executors._writers.values() if w.name == executor)  # type: ignore[attr-defined]
 
     before = pinned_bytes()
     # One 150 MiB data object: a 256 MiB bucket, which no other test's data objects (64 MiB at most) use.

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from snapshotkit import Snapshot, StateDict
-from snapshotkit._take import writers
+from snapshotkit._take import executors
 from snapshotkit._take.gpu_copy import GpuCopies, cuda_device_indices, host_buffer
 
 EXECUTORS = ["thread", "process"]
@@ -54,5 +54,5 @@ def test_a_cpu_state_pins_nothing_where_cuda_is_available(
     monkeypatch.undo()
     assert torch.equal(Snapshot(path).read_object("sd/w"), values["w"])
     assert torch.equal(Snapshot(path).read_object("sd/strided"), values["strided"])
-    used = [w for w in writers._writers.values() if w.name == executor]
+    used = [w for w in executors._writers.values() if w.name == executor]
     assert used and all(w._gpu.pinned_bytes == 0 for w in used)  # type: ignore[attr-defined]
