@@ -54,6 +54,7 @@ def restore_newest(
     cause), instead of returning None or raising that failure alone.
     """
     tried: list[Attempt] = []
+    last_error: BaseException | None = None
     for step in reversed(candidates):
         snapshot = open_step(step)
         try:
@@ -78,6 +79,7 @@ def restore_newest(
                 RuntimeWarning,
                 stacklevel=3,  # the caller of SnapshotManager.restore_latest
             )
+            last_error = exc
             continue
         if tried and group.any(bool(report.missing_keys), "restore_latest: checking the fallback"):
             raise StateMismatchError(
@@ -88,7 +90,7 @@ def restore_newest(
             )
         return step, report
     if any(attempt.touched for attempt in tried):
-        raise partial_restore(tried)
+        raise partial_restore(tried) from last_error
     return None
 
 
