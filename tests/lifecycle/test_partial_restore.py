@@ -45,9 +45,9 @@ def test_one_damaged_snapshot_that_was_read_into_the_model_raises(tmp_path: Path
     damage_weight(tmp_path, 10)
     fresh = make_state(seed=5)
     before = weights(fresh)
-    with SnapshotManager(str(tmp_path), async_executor=None) as mgr:
-        with pytest.warns(RuntimeWarning, match="step 10"), pytest.raises(PartialRestoreError) as info:
-            mgr.restore_latest(fresh)
+    mgr = SnapshotManager(str(tmp_path), async_executor=None)
+    with mgr, pytest.warns(RuntimeWarning, match="step 10"), pytest.raises(PartialRestoreError) as info:
+        mgr.restore_latest(fresh)
     assert not same_weights(weights(fresh), before)  # the premise: the model really was written into
     error = info.value
     assert isinstance(error, RuntimeError)
@@ -66,9 +66,9 @@ def test_every_attempt_is_named_with_whether_it_wrote(tmp_path: Path) -> None:
     damage_manifest(tmp_path, 30)  # found before anything is read
     damage_weight(tmp_path, 20)  # found after the weights were read in place
     damage_manifest(tmp_path, 10)
-    with SnapshotManager(str(tmp_path), async_executor=None) as mgr:
-        with pytest.warns(RuntimeWarning), pytest.raises(PartialRestoreError) as info:
-            mgr.restore_latest(make_state(seed=5))
+    mgr = SnapshotManager(str(tmp_path), async_executor=None)
+    with mgr, pytest.warns(RuntimeWarning), pytest.raises(PartialRestoreError) as info:
+        mgr.restore_latest(make_state(seed=5))
     assert [step for step, _ in info.value.attempts] == [30, 20, 10]
     message = str(info.value)
     assert message.index("step 30") < message.index("step 20") < message.index("step 10")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from snapshotkit import Snapshot, SnapshotManager, StateDict
-from snapshotkit.errors import PartialRestoreError, RankFailedError
+from snapshotkit.errors import PartialRestoreError
 
 from ._harness import run_ranks
 
