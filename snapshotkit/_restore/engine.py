@@ -135,7 +135,7 @@ async def _read_and_close(
         # Claimed pieces are proven against the data objects before anything is allocated for them.
         probed_bytes = await check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency)
         loader.allocate()
-        loader.fetch_started = True
+        loader.begin_fetch()
         if bar is not None:
             bar.set_total(sum(read.piece.nbytes for read in loader.reads))
         return probed_bytes + await read_pieces(
@@ -288,8 +288,8 @@ def _fetch_shared(
     try:
         probed_bytes = run_sync(check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency))
         loader.allocate()
-        loader.fetch_started = True
-        shared, rest = session.share(plugin, loader.reads, view)
+        shared, rest = session.share(plugin, loader.reads, view, on_agreed=loader.begin_fetch)
+        loader.begin_fetch()
         bar.set_total(sum(read.piece.nbytes for read in rest))  # the bar counts this rank's own reads
         own_bytes = run_sync(
             read_pieces(

@@ -79,8 +79,12 @@ class LeafLoader:
         self._in_place: set[tuple[Any, ...]] = set()
         #: Whether some read lands in the caller's own memory (an in-place destination).
         self.writes_in_place = False
-        #: Set by the engine just before the first read lands anywhere.
+        #: Set (:meth:`begin_fetch`) just before the first read may land anywhere.
         self.fetch_started = False
+
+    def begin_fetch(self) -> None:
+        """Note that reads into the destinations may start now."""
+        self.fetch_started = True
 
     @property
     def may_have_written(self) -> bool:

@@ -16,7 +16,7 @@ from snapshotkit.errors import PartialRestoreError
 
 from ._harness import run_ranks
 
-pytestmark = pytest.mark.timeout(240)  # each test runs in about 1 s: not slow
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # 1-2 s each, 5 s with the ranks' start-up
 
 
 def _weights(rank: int) -> StateDict:
@@ -115,3 +115,30 @@ def test_restore_latest_raises_on_every_rank_when_one_rank_read_a_damaged_snapsh
         [(step, why)] = result["attempts"]
         assert step == 10 and "ChecksumMismatchError" in why and "'a/w'" in why
         assert "may have written into the state" in result["message"]
+
+
+def _save_with_an_object(rank: int, world: int, root: str) -> None:
+    with SnapshotManager(root, async_executor=None) as mgr:
+        mgr.save(10, {"a": StateDict(w=torch.full((1000,), float(rank + 1)), seen={rank})})
+
+
+def _restore_latest_with_an_object(rank: int, world: int, root: str) -> dict[str, Any]:
+    import warnings
+
+    destination = StateDict(w=torch.zeros(1000), seen=set())
+    with SnapshotManager(root, async_executor=None) as mgr, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = mgr.restore_latest({"a": destination})
+    return {"step": step, "untouched": bool((destination["w"] == 0).all()), "warnings": len(caught)}
+
+
+def test_restore_latest_returns_none_on_every_rank_when_nothing_was_written(tmp_path: Path) -> None:
+    # Rank 1's data object is truncated: it fails checking extents, before any read; rank 0 learns
+    # of it when the ranks agree on sharing reads, before any read either. None, on both ranks.
+    root = tmp_path / "root"
+    run_ranks(2, _save_with_an_object, str(root), timeout=120)
+    manifest = Snapshot(str(root / "step_10")).get_manifest()
+    data_object = root / "step_10" / manifest["1/a/seen"].piece.location
+    data_object.write_bytes(data_object.read_bytes()[:-1])
+    results = run_ranks(2, _restore_latest_with_an_object, str(root), timeout=120)
+    assert results == [{"step": None, "untouched": True, "warnings": 1}] * 2
