@@ -87,7 +87,7 @@ def missing_key_hint(metadata: SnapshotMetadata, key: str, rank: int) -> str:
         return (
             f" It was saved per rank (not replicated) by ranks {holders[:8]} of the {metadata.world_size} that took "
             f"the snapshot; rank {rank} did not exist then and has no state of its own. Pass replicated=[...] "
-            "when taking to make such state available to every rank, or leave it out of app_state on new ranks"
+            "when taking to make such state available to every rank, or leave it out of app_state on new ranks."
         )
     return f" Ranks {holders[:8]} saved it, rank {rank} did not."
 
