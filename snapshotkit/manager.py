@@ -388,11 +388,9 @@ class SnapshotManager:
         state (``strict=False``) is refused with ``StateMismatchError``: the failed attempt may
         have left its data there. ``last_restore_report`` holds the restore's report.
 
-        Damage is often found after some bytes were read into the objects (tensors are filled in
-        place before their checksum is known): when no snapshot restored and an attempt, on any
-        rank, may have written into the state, every rank raises ``PartialRestoreError`` naming
-        each snapshot tried and why, so ``restore_latest(...) or 0`` never trains from step 0 on
-        half-restored objects.
+        Damage is often found after some bytes were read into the objects: when nothing restored
+        and an attempt, on any rank, may have written into the state, every rank raises
+        ``PartialRestoreError`` (so ``restore_latest(...) or 0`` never trains on half-restored objects).
 
         Args:
             app_state: as for :meth:`Snapshot.restore` (checked first, before the root is read).
@@ -403,8 +401,7 @@ class SnapshotManager:
 
         Raises:
             InvalidAppStateError: ``app_state`` is not a dict of Stateful objects.
-            PartialRestoreError: no snapshot restored, and a failed attempt may have changed the
-                state (the last failure is the cause).
+            PartialRestoreError: nothing restored, and an attempt may have changed the state.
             SnapshotkitError: any other failure, as :meth:`Snapshot.restore` raises it.
         """
         error: BaseException | None = None
