@@ -112,3 +112,20 @@ def test_app_state_is_checked_before_the_root_is_read(tmp_path: Path) -> None:
         with pytest.raises(InvalidAppStateError, match=r"app_state\['optim'\] is a int"):
             mgr.save(1, {"optim": 1})  # type: ignore[dict-item]
         assert mgr.steps() == []
+
+
+class _RefusesToLoad(StateDict):
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
+        raise ValueError("refused on purpose")
+
+
+def test_a_failure_that_is_raised_after_writing_says_so_too(tmp_path: Path) -> None:
+    # Not a damaged snapshot, so not skipped; but the model was loaded before "z" refused.
+    with SnapshotManager(str(tmp_path)) as mgr:
+        mgr.save(1, {"a": StateDict(w=torch.arange(4.0)), "z": StateDict(x=1)})
+    destination = StateDict(w=torch.zeros(4))
+    mgr = SnapshotManager(str(tmp_path), async_executor=None)
+    with mgr, pytest.raises(PartialRestoreError, match=r"step 1 at .*ValueError: refused on purpose") as info:
+        mgr.restore_latest({"a": destination, "z": _RefusesToLoad(x=0)})
+    assert isinstance(info.value.__cause__, ValueError)
+    assert torch.equal(destination["w"], torch.arange(4.0))  # the premise: "a" was loaded
