@@ -13,6 +13,7 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     ├── InvalidAppStateError           (TypeError)          app_state value is not Stateful
     ├── InvalidArgumentError           (TypeError)          an argument of the wrong type (path=None)
     ├── LogicalPathNotFoundError       (KeyError)           unknown logical path / missing key
+    │   └── AppStateKeyNotFoundError   (also AssertionError) an app_state key the snapshot lacks
     ├── StateMismatchError             (ValueError)         shape/dtype differs (strict)
     ├── ManifestError                  (ValueError)         malformed manifest
     │   ├── UnsupportedFormatVersionError                   written by a newer snapshotkit
@@ -28,6 +29,7 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     ├── ConfigError                    (ValueError)         bad argument or SNAPSHOTKIT_* variable
     ├── ImportSourceError              (ValueError)         import_snapshot cannot read its source
     ├── RankFailedError                (RuntimeError)       another rank of a multi-rank take/restore failed
+    ├── PartialRestoreError            (RuntimeError)       restore_latest restored nothing, but changed the state
     ├── CollectiveTimeoutError         (TimeoutError)       other ranks did not arrive in time
     ├── WaitTimeoutError               (TimeoutError)       PendingSnapshot.wait(timeout) ran out
     ├── CheckpointDaemonError          (RuntimeError)       the async_take daemon process died
@@ -47,6 +49,7 @@ from __future__ import annotations
 import pickle
 
 __all__ = [
+    "AppStateKeyNotFoundError",
     "BaseSnapshotError",
     "BucketNotFoundError",
     "CheckpointDaemonError",
@@ -64,6 +67,7 @@ __all__ = [
     "LogicalPathNotFoundError",
     "ManifestError",
     "ManifestIntegrityError",
+    "PartialRestoreError",
     "RankFailedError",
     "RestoreMemoryError",
     "RetriesExhaustedError",
@@ -142,6 +146,15 @@ class LogicalPathNotFoundError(SnapshotkitError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class AppStateKeyNotFoundError(LogicalPathNotFoundError, AssertionError):
+    """An ``app_state`` key (of :meth:`~snapshotkit.Snapshot.restore` or
+    :meth:`~snapshotkit.Snapshot.get_state_dict_for_key`) is not in the snapshot for this rank.
+
+    Also an ``AssertionError``, which is what torchsnapshot raises there, so ``except
+    AssertionError`` in code written for it keeps working.
+    """
+
+
 class StateMismatchError(SnapshotkitError, ValueError):
     """A stored tensor does not match its in-place destination (shape or dtype)."""
 
@@ -210,6 +223,21 @@ class RankFailedError(SnapshotkitError, RuntimeError):
     def __init__(self, message: str, rank: int = -1) -> None:
         super().__init__(message)
         self.rank = rank
+
+
+class PartialRestoreError(SnapshotkitError, RuntimeError):
+    """:meth:`SnapshotManager.restore_latest <snapshotkit.SnapshotManager.restore_latest>` restored
+    no snapshot, and a failed attempt may already have written into the objects of ``app_state``
+    (on this rank or another): they hold part of a snapshot, so training on from them would be
+    wrong. The last attempt's error is the ``__cause__``.
+
+    Attributes:
+        attempts: ``(step, why it failed)`` of each snapshot tried, newest first.
+    """
+
+    def __init__(self, message: str, attempts: tuple[tuple[int, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.attempts = attempts
 
 
 class CollectiveTimeoutError(SnapshotkitError, TimeoutError):

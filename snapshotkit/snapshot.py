@@ -349,7 +349,10 @@ class Snapshot:
             its own).
 
         Raises:
-            LogicalPathNotFoundError: (strict) an app_state key is not in the snapshot.
+            InvalidAppStateError: ``app_state`` is not a dict of Stateful objects (checked first,
+                before the snapshot is opened).
+            AppStateKeyNotFoundError: (strict) an app_state key is not in the snapshot (a
+                ``LogicalPathNotFoundError``, also an ``AssertionError`` as in torchsnapshot).
             StateMismatchError: (strict) a tensor, module or object does not match (the message
                 lists up to ten keys of each side); whatever ``strict`` says, a destination on
                 the meta device or a module tensor of another shape.
@@ -361,7 +364,7 @@ class Snapshot:
         group = resolve_group(self.pg, timeout_seconds=config.collective_timeout_seconds)
         wanted = sorted(str(key) for key in app_state) if isinstance(app_state, Mapping) else []
         return restore_engine.restore(
-            self._metadata_for(wanted),
+            lambda: self._metadata_for(wanted),  # read once app_state passed its check
             app_state,
             path=self.path,
             open_plugin=self._plugin,
@@ -388,6 +391,8 @@ class Snapshot:
                 ``"0/model/layer1.weight"`` works too). A container path (``"model"``) returns
                 the whole subtree.
             obj_out: a tensor of the stored dtype and shape to load into in place; it is returned.
+                Anything else that is not None is ignored with a WARNING on logger
+                ``snapshotkit.restore`` (as torchsnapshot does), and the stored value returned.
             memory_budget_bytes: host bytes for bounce buffers at once; large tensors are read
                 in byte ranges of at most this size when they cannot land in place directly.
             weights_only: see :meth:`restore`.
@@ -395,7 +400,7 @@ class Snapshot:
 
         Raises:
             LogicalPathNotFoundError: no such logical path (the message lists close matches).
-            InvalidArgumentError: ``path`` is not a ``str``, or ``obj_out`` not a tensor.
+            InvalidArgumentError: ``path`` is not a ``str``.
             StateMismatchError: ``obj_out`` is a tensor of another dtype or shape, on the meta
                 device, or the value at ``path`` is not a tensor.
             StorageError: the store failed (the plugin's error is the cause).
@@ -439,8 +444,9 @@ class Snapshot:
 
         Raises:
             InvalidArgumentError: ``key`` is not a ``str``.
-            LogicalPathNotFoundError: the snapshot has no such key for this rank (the message
-                lists close matches).
+            AppStateKeyNotFoundError: the snapshot has no such key for this rank (the message
+                lists close matches); a ``KeyError``, and an ``AssertionError`` as torchsnapshot
+                raises.
             IntegrityError: stored bytes are corrupt or truncated.
             StorageError: the store failed (the plugin's error is the cause).
         """
@@ -449,11 +455,16 @@ class Snapshot:
                 f"get_state_dict_for_key takes an app_state key as a str (e.g. 'model'), got "
                 f"{type(key).__name__} {key!r}"
             )
-        return self.read_object(
-            escape_key(key),
-            memory_budget_bytes=memory_budget_bytes,
+        group = resolve_group(self.pg)
+        config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
+        return restore_engine.read_state_dict(
+            self._metadata_for([escape_key(key)]),
+            key,
+            path=self.path,
+            open_plugin=self._plugin,
+            rank=group.rank,
+            config=config,
             weights_only=weights_only,
-            verify_checksums=verify_checksums,
         )
 
 

@@ -79,6 +79,19 @@ class LeafLoader:
         self._in_place: set[tuple[Any, ...]] = set()
         #: The CUDA devices whose caller's stream :meth:`_after_queued_work` synchronized.
         self._synced_devices: set[int | None] = set()
+        #: Whether some read lands in the caller's own memory (an in-place destination).
+        self.writes_in_place = False
+        #: Set (:meth:`begin_fetch`) just before the first read may land anywhere.
+        self.fetch_started = False
+
+    def begin_fetch(self) -> None:
+        """Note that reads into the destinations may start now."""
+        self.fetch_started = True
+
+    @property
+    def may_have_written(self) -> bool:
+        """Whether a failure now may have left the caller's destinations partly overwritten."""
+        return self.fetch_started and self.writes_in_place
 
     def add(
         self, logical_path: str, entry: Entry, destination: Any = None, *, matches: bool | None = None
@@ -175,6 +188,7 @@ class LeafLoader:
                     slot.value = loaded
 
             self._add_blob(logical_path, entry.pieces[0], receive)
+            self.writes_in_place = self.writes_in_place or in_place
             return lambda: slot.value
 
         dtype = dtype_from_name(entry.dtype)
@@ -196,6 +210,7 @@ class LeafLoader:
             key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
             if key not in self._in_place:
                 self._in_place.add(key)
+                self.writes_in_place = True
                 self._add_raw_reads(logical_path, entry, target, itemsize)
             return functools.partial(_identity, destination)
         fresh_key = (first, entry.dtype, entry.shape)
@@ -263,7 +278,7 @@ class LeafLoader:
             and destination.layout == torch.strided
         ):
             targets, result = [(whole, destination.detach())], destination
-        else:
+        else:  # a new tensor: nothing of the caller's is written
             slot = _Slot()
             self._fresh_bytes += entry.nbytes
             self._claim(logical_path, (p for shard in entry.shards for p in shard.pieces), fresh_tensor=True)
@@ -274,6 +289,7 @@ class LeafLoader:
 
             self._allocations.append(allocate)
             return lambda: slot.value
+        self.writes_in_place = True
         self._add_shard_reads(logical_path, entry, targets, dtype)
         return lambda: result
 

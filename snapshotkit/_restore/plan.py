@@ -19,7 +19,7 @@ from snapshotkit._plan.flatten import Flattened, escape_key, flatten, inflate, j
 from snapshotkit._restore.partial import KeyDifference, RestoreReport, check_keys, compare, leaf_paths, merged_state
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
 from snapshotkit._text import first_few
-from snapshotkit.errors import LogicalPathNotFoundError, StateMismatchError
+from snapshotkit.errors import AppStateKeyNotFoundError, StateMismatchError
 from snapshotkit.stateful import RNGState, Stateful
 
 ContainerMap = dict[str, DictEntry | ListEntry]
@@ -89,7 +89,7 @@ def missing_key_hint(metadata: SnapshotMetadata, key: str, rank: int) -> str:
         return (
             f" It was saved per rank (not replicated) by ranks {ranks} of the {metadata.world_size} that took "
             f"the snapshot; rank {rank} did not exist then and has no state of its own. Pass replicated=[...] "
-            "when taking to make such state available to every rank, or leave it out of app_state on new ranks"
+            "when taking to make such state available to every rank, or leave it out of app_state on new ranks."
         )
     return f" Ranks {ranks} saved it, rank {rank} did not."
 
@@ -133,7 +133,7 @@ def plan_restore(
     """Plan loading every key of ``app_state``: the ``load_state_dict`` steps, RNG last, and the report.
 
     Raises:
-        LogicalPathNotFoundError: (strict) an app_state key is not in the snapshot.
+        AppStateKeyNotFoundError: (strict) an app_state key is not in the snapshot.
         StateMismatchError: (strict) keys or tensors differ (see :func:`~.partial.check_keys`).
     """
     saved_keys = sorted({path.split("/", 1)[0] for path in view})
@@ -146,7 +146,7 @@ def plan_restore(
         is_rng, is_module = isinstance(stateful, RNGState), isinstance(stateful, torch.nn.Module)
         if root not in view:
             if strict:
-                raise LogicalPathNotFoundError(
+                raise AppStateKeyNotFoundError(
                     f"app_state key {key!r} is not in the snapshot at {snapshot_path!r} for this rank, which sees "
                     f"{saved_keys}{close_matches(root, saved_keys)}.{hint(root) if hint else ''} Remove it from "
                     "app_state, restore those keys from a snapshot that has them, or pass strict=False to skip it"
