@@ -175,12 +175,13 @@ class Group:
 
     # ------------------------------------------------------------------ the exchange
 
-    def exchange(self, value: Any, error: BaseException | None, what: str) -> list[Any]:
+    def exchange(self, value: Any, error: BaseException | None, what: str, consequence: str = "") -> list[Any]:
         """Contribute ``value`` (or the ``error`` this rank hit) and get every rank's value.
 
         If any rank reported an error, every rank raises: the failing rank re-raises its own
         error, the others a :class:`RankFailedError` naming that rank, with its error (when it
-        can be sent) as the cause.
+        can be sent) as the cause, and ``consequence`` (such as "nothing was written") at the end
+        of its message.
         """
         if not self.distributed:
             if error is not None:
@@ -193,7 +194,7 @@ class Group:
             return [o.value for o in outcomes]
         if error is not None:
             raise error
-        raise rank_failed(what, failed)
+        raise rank_failed(what, failed, consequence)
 
 
 def resolve_group(pg: Any | None, *, timeout_seconds: float = 1800.0) -> Group:
@@ -221,12 +222,14 @@ def describe_error(error: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(error), error)).strip()
 
 
-def rank_failed(what: str, failed: list[tuple[int, RankOutcome]]) -> RankFailedError:
+def rank_failed(what: str, failed: list[tuple[int, RankOutcome]], consequence: str = "") -> RankFailedError:
+    """The error for another rank's failure at step ``what``; ``consequence`` (such as "nothing was
+    committed") is added where it holds."""
     rank, first = failed[0]
     others = f" (and ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""
+    then = f", and {consequence}" if consequence else ""
     error = RankFailedError(
-        f"{what}: rank {rank}{others} failed with {first.error_text}; this rank stopped too, and nothing was committed",
-        rank,
+        f"{what}: rank {rank}{others} failed with {first.error_text}; this rank stopped too{then}", rank
     )
     error.__cause__ = first.error
     return error

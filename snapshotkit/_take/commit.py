@@ -61,6 +61,7 @@ from snapshotkit.errors import (
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
 
 logger = logging.getLogger("snapshotkit.take")
+_NOTHING_COMMITTED = "nothing was committed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +284,7 @@ def run_commit(
             raise error from None
         raise
     if error is not None or gathered.failed:
-        failure = error if error is not None else rank_failed(steps[0], gathered.failed)
+        failure = error if error is not None else rank_failed(steps[0], gathered.failed, _NOTHING_COMMITTED)
         if gathered.shared:  # every rank saw the failure: nobody commits
             state.may_delete = True
         elif rank == 0:
@@ -303,7 +304,7 @@ def run_commit(
         return None
     if verdict.outcome is Outcome.ABORTED:
         state.may_delete = True
-        raise rank_failed(steps[1], [(verdict.failing_rank, _as_rank_outcome(verdict))])
+        raise rank_failed(steps[1], [(verdict.failing_rank, _as_rank_outcome(verdict))], _NOTHING_COMMITTED)
     raise _outcome_unknown(commit.path, verdict.error_text, rank=rank) from verdict.error
 
 

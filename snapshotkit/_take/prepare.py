@@ -152,7 +152,9 @@ def prepare_take(
                 info = rank_info(local, path, patterns, take_id)
             except Exception as exc:
                 error = exc
-        infos: list[RankInfo] = group.exchange(info, error, f"{what}: describing each rank's state")
+        infos: list[RankInfo] = group.exchange(
+            info, error, f"{what}: describing each rank's state", "nothing was written"
+        )
         assert local is not None
         take_path = infos[0].path
         with gc_paused():
