@@ -35,6 +35,7 @@ from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._take.reuse import ReuseIndex, decide
 from snapshotkit._take.writers import plugin_key
 from snapshotkit.storage import StoragePlugin, open_storage_plugin, register_storage_plugin
+from snapshotkit.storage._registry import split_uri
 
 
 def serve(connection: multiprocessing.connection.Connection) -> None:
@@ -46,6 +47,7 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
         register_storage_plugin(scheme, factory)
     loop = asyncio.new_event_loop()
     plugins: dict[tuple[str, str], StoragePlugin] = {}
+    retired: list[StoragePlugin] = []
     segments: dict[str, shared_memory.SharedMemory] = {}
     slots: dict[int, asyncio.Semaphore] = {}
     send_lock = threading.Lock()
@@ -118,6 +120,11 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
             with contextlib.suppress(BufferError):
                 segment.close()
 
+    def retire(scheme: str) -> None:
+        """Stop reusing the plugins of a scheme registered anew (a write may still use one: closed at exit)."""
+        for key in [key for key in plugins if split_uri(key[0])[0] == scheme]:
+            retired.append(plugins.pop(key))
+
     def receive() -> None:
         while True:
             try:
@@ -126,6 +133,11 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
                 break
             if message[0] == "stop":
                 break
+            if message[0] == "register":  # plugins registered in the trainer after this daemon started
+                for scheme, factory in message[1].items():
+                    register_storage_plugin(scheme, factory)
+                    loop.call_soon_threadsafe(retire, scheme.lower())  # on the loop, before the next write
+                continue
             if message[0] == "release":  # the trainer freed a pooled segment: unmap it
                 segment = segments.pop(message[1], None)
                 if segment is not None:
@@ -136,7 +148,7 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
 
     threading.Thread(target=receive, name="snapshotkit-daemon-reader", daemon=True).start()
     loop.run_forever()
-    for plugin in plugins.values():
+    for plugin in [*plugins.values(), *retired]:
         loop.run_until_complete(plugin.close())
     gc.collect()  # views of the segments that only reference cycles still hold
     for segment in segments.values():

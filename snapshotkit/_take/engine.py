@@ -9,8 +9,9 @@ waiting and the commit on the caller's thread (collectives for the rendezvous), 
 done while a coordinator thread waits for the writes and commits (the process group's store for
 the rendezvous: no collective runs off the main thread).
 
-IMPORTANT: whatever fails or is interrupted (staging, a write, another rank, the commit), every
-data object this rank wrote is deleted and no manifest is written (:mod:`~snapshotkit._take.commit`).
+IMPORTANT: whatever fails or is interrupted (staging, a write, another rank, the commit), no
+manifest referencing missing data is ever left: every data object this rank wrote is deleted
+when it is known that no manifest exists, and kept otherwise (:mod:`~snapshotkit._take.commit`).
 
 Every take reports itself (:mod:`snapshotkit._events`, logger ``snapshotkit.take``), on each rank:
 ``take_started`` before anything is read; ``take_staged`` once the data is staged (``async_take``:
@@ -35,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from snapshotkit._config import Config
-from snapshotkit._dist import CollectiveRendezvous, Group, Rendezvous, StoreRendezvous
+from snapshotkit._dist import Group
 from snapshotkit._events import current_step, emit, format_bytes, transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.pieces import Piece
@@ -44,10 +45,12 @@ from snapshotkit._plan.rank_plan import TakePlan
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit._runtime.staging import StagingBudget, staging_budget
-from snapshotkit._take.commit import CommitPlan, discard, logical_paths_in, run_commit, storage_error
+from snapshotkit._take.commit import CommitPlan, CommitState, discard, keep, logical_paths_in, run_commit, storage_error
+from snapshotkit._take.executors import background_writer, shutdown_writers
 from snapshotkit._take.prepare import LoadBase, PreparedTake, prepare_take, refuse_process_local
+from snapshotkit._take.rendezvous import CollectiveRendezvous, Rendezvous, StoreRendezvous
 from snapshotkit._take.stage import StagedObject
-from snapshotkit._take.writers import InlineWriter, Target, WriteJob, Writer, background_writer, shutdown_writers
+from snapshotkit._take.writers import InlineWriter, Target, WriteJob, Writer
 from snapshotkit.errors import WaitTimeoutError
 from snapshotkit.storage import open_storage_plugin
 
@@ -459,20 +462,29 @@ def _finish(
     rank: int,
     steps: tuple[str, str],
 ) -> None:
-    """Wait for this rank's writes, then commit; on any failure delete what this rank wrote."""
+    """Wait for this rank's writes, then commit; on a failure delete what this rank wrote if no
+    manifest can reference it (:class:`~snapshotkit._take.commit.CommitState`), else keep it."""
+    state = CommitState()
     try:
         waiting_s = time.perf_counter()
-        pieces, error = _wait_for_writes(submitted, error, commit.path, commit.plan)
+        try:
+            pieces, error = _wait_for_writes(submitted, error, commit.path, commit.plan)
+        except BaseException as exc:  # interrupted while waiting: the other ranks still hear of it
+            pieces, error = {}, exc
         committing_s = time.perf_counter()
         logger.debug("take %s: write %.3f s", job.path, committing_s - waiting_s)
         job.referenced_bytes = sum(piece.nbytes for piece in pieces.values() if piece.base is not None)
         job.nbytes -= job.referenced_bytes  # the bytes written (padding aside)
         if error is None and isinstance(writer, InlineWriter):
             job._staged()  # zero-copy staging: the data is staged once it is written
-        metadata = run_commit(commit, rendezvous, rank=rank, pieces=pieces, error=error, steps=steps)
+        metadata = run_commit(commit, rendezvous, rank=rank, pieces=pieces, error=error, steps=steps, state=state)
         logger.debug("take %s: commit %.3f s", job.path, time.perf_counter() - committing_s)
     except BaseException as exc:
-        discard(commit, [item.plan.location for item in submitted])
+        locations = [item.plan.location for item in submitted]
+        if state.may_delete:
+            discard(commit, locations)
+        else:
+            keep(commit, locations, exc, state.kept_because)
         job._finish(exc)
     else:
         job._finish(None, metadata)

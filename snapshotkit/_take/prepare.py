@@ -37,6 +37,7 @@ from snapshotkit._take.collect import (
 )
 from snapshotkit._take.commit import storage_error
 from snapshotkit._take.reuse import ReuseIndex, build_reuse_index
+from snapshotkit._text import first_few
 from snapshotkit.errors import ConfigError, SnapshotExistsError, SnapshotkitError
 from snapshotkit.storage import StoragePlugin, url_to_storage_plugin
 from snapshotkit.storage._registry import split_uri
@@ -152,7 +153,9 @@ def prepare_take(
                 info = rank_info(local, path, patterns, take_id)
             except Exception as exc:
                 error = exc
-        infos: list[RankInfo] = group.exchange(info, error, f"{what}: describing each rank's state")
+        infos: list[RankInfo] = group.exchange(
+            info, error, f"{what}: describing each rank's state", "nothing was written"
+        )
         assert local is not None
         take_path = infos[0].path
         with gc_paused():
@@ -267,7 +270,9 @@ def _warn_about_paths(infos: Sequence[RankInfo]) -> None:
 
 def _warn_about_differences(decision: Decision) -> None:
     if decision.differing:
-        shown = ", ".join(f"{p!r} (ranks {list(r[:4])})" for p, r in sorted(decision.differing.items())[:5])
+        shown = first_few(
+            sorted(decision.differing.items()), show=lambda item: f"{item[0]!r} (ranks {list(item[1][:4])})"
+        )
         warnings.warn(
             f"{len(decision.differing)} path(s) match replicated= patterns but differ between ranks, e.g. {shown}; "
             "they are stored per rank instead",

@@ -20,8 +20,9 @@ from snapshotkit._dist import Group
 from snapshotkit._plan.leaves import LocalState
 from snapshotkit._plan.rank_plan import TakePlan
 from snapshotkit._runtime.staging import staging_budget
+from snapshotkit._take.executors import EXECUTORS, background_writer
 from snapshotkit._take.prepare import prepare_take
-from snapshotkit._take.writers import EXECUTORS, Writer, background_writer, bucket_bytes
+from snapshotkit._take.writers import Writer, bucket_bytes
 from snapshotkit.errors import ConfigError
 
 #: Stands in for the snapshot path while planning: sizes and layouts do not depend on it.
@@ -32,9 +33,10 @@ _NO_PATH = "prepare_async://"
 class Preallocating(Protocol):
     """A writer whose staging buffers can be made ahead of a take."""
 
-    def preallocate(self, sizes: Counter[int]) -> int:
-        """Have at least ``sizes[size]`` free buffers of each bucket ``size``, pages faulted in;
-        return the bytes of buffers made now."""
+    def preallocate(self, sizes: Counter[int], *, pinned: bool = False) -> int:
+        """Have at least ``sizes[size]`` free buffers of each bucket ``size``, pages faulted in
+        (and those made now pinned, with ``pinned``: the state has GPU tensors); return the bytes
+        of buffers made now."""
         ...
 
 
@@ -113,4 +115,6 @@ def prepare_writer(writer: Writer, plan: TakePlan, local: LocalState, config: Co
     if not isinstance(writer, Preallocating):  # pragma: no cover - both background writers are
         return 0
     staging_budget().resize(config.memory_budget_bytes)  # the pools keep no more than this
-    return writer.preallocate(buffers_held_at_once(plan, local, writer, config.memory_budget_bytes))
+    sizes = buffers_held_at_once(plan, local, writer, config.memory_budget_bytes)
+    pinned = any(payload.tensor is not None and payload.tensor.is_cuda for payload in local.payloads)
+    return writer.preallocate(sizes, pinned=pinned)

@@ -9,12 +9,16 @@ writers implement the one small :class:`Writer` protocol:
 
 * :class:`InlineWriter` (``Snapshot.take``): zero-copy staging (views of the tensors' own
   memory), writes on snapshotkit's I/O loop while the caller waits;
-* :class:`ThreadWriter` (``async_take(executor="thread")``): copies into pooled (pinned) buffers,
-  writes on a background loop whose threads run at low priority;
+* :class:`ThreadWriter` (``async_take(executor="thread")``): copies into pooled buffers (pinned
+  once they stage a GPU piece), writes on a background loop whose threads run at low priority;
 * :class:`~snapshotkit._take.process_writer.ProcessWriter` (``executor="process"``): copies into
-  pooled shared memory and hands the objects to a checkpoint daemon process.
+  pooled shared memory (pinned the same way) and hands the objects to a checkpoint daemon process.
 
-To add a writer: implement :class:`Writer` and return it from :func:`background_writer`.
+Both background writers copy GPU pieces on a side stream per device, after the caller's queued
+kernels, and wait for the copies before a buffer leaves staging (:mod:`snapshotkit._take.gpu_copy`).
+
+To add a writer: implement :class:`Writer` and return it from
+:func:`snapshotkit._take.executors.background_writer`.
 """
 
 from __future__ import annotations
@@ -33,13 +37,10 @@ from snapshotkit._plan.layout import DataObjectPlan
 from snapshotkit._plan.leaves import Payload
 from snapshotkit._runtime.loop import background_loop, gather_or_cancel, get_loop, spawn, to_thread
 from snapshotkit._runtime.staging import BufferPool, staging_budget
+from snapshotkit._take.gpu_copy import GpuCopies, cuda_devices, host_buffer
 from snapshotkit._take.reuse import Layout, ReuseIndex, decide
 from snapshotkit._take.stage import StagedObject, ViewStager, stage_into, staging_cost_bytes
-from snapshotkit.errors import ConfigError
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
-
-#: The ``executor=`` values of ``async_take``.
-EXECUTORS = ("thread", "process")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +195,7 @@ def bucket_bytes(nbytes: int) -> int:
 
 
 class ThreadWriter(_LoopWriter):
-    """Copies into pooled host buffers (pinned when CUDA is present); writes on a low-priority loop."""
+    """Copies into pooled host buffers (pinned once they stage a GPU piece); writes on a low-priority loop."""
 
     name = "thread"
     defers_writes = True
@@ -202,7 +203,7 @@ class ThreadWriter(_LoopWriter):
     def __init__(self, niceness: int) -> None:
         super().__init__(background_loop(niceness))
         self._buffers = BufferPool(staging_budget())
-        self._stream: Any = None
+        self._gpu = GpuCopies()
 
     @property
     def pool(self) -> BufferPool:
@@ -215,13 +216,12 @@ class ThreadWriter(_LoopWriter):
         size = bucket_bytes(plan.nbytes)
         raw = self._buffers.get(size)
         if raw is None:
-            # Pinned host memory when CUDA is present, so GPU pieces copy asynchronously.
-            raw = torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            raw = host_buffer(size)
             self._buffers.add(raw)
-        if self._stream is None and torch.cuda.is_available():
-            self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         try:
-            return stage_into(plan, payloads, byte_view(raw)[: plan.nbytes], raw, self._stream)
+            if cuda_devices(plan, payloads):
+                self._gpu.pin_tensor(raw)  # so GPU pieces copy asynchronously
+            return stage_into(plan, payloads, byte_view(raw)[: plan.nbytes], raw, self._gpu)
         except BaseException:
             self._buffers.put(size, raw)
             raise
@@ -229,56 +229,15 @@ class ThreadWriter(_LoopWriter):
     def give_back(self, staged: StagedObject) -> None:
         self._buffers.put(bucket_bytes(staged.plan.nbytes), staged.handle)
 
-    def preallocate(self, sizes: Mapping[int, int]) -> int:
-        """Pool free buffers of ``sizes`` (bucket size -> count), pages faulted in; the bytes made."""
-        if self._stream is None and torch.cuda.is_available():
-            self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    def preallocate(self, sizes: Mapping[int, int], *, pinned: bool = False) -> int:
+        """Pool free buffers of ``sizes`` (bucket size -> count), pages faulted in (and pinned,
+        with ``pinned``); the bytes made."""
 
         def make(size: int) -> torch.Tensor:
             # Writing every page now faults it in: a first staging copy would otherwise pay for it.
-            return torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available()).zero_()
+            buffer = host_buffer(size).zero_()
+            if pinned:
+                self._gpu.pin_tensor(buffer)
+            return buffer
 
         return self._buffers.preallocate(sizes, make)
-
-
-_writers: dict[tuple[str, int], Writer] = {}
-_writers_lock = threading.Lock()
-
-
-def background_writer(executor: str, niceness: int) -> Writer:
-    """The writer for ``async_take(executor=...)`` at ``niceness``: made on first use, then reused
-    (a dead checkpoint daemon is replaced)."""
-    from snapshotkit._take.process_writer import ProcessWriter
-
-    if executor not in EXECUTORS:
-        raise ConfigError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-    key = (executor, niceness)
-    with _writers_lock:
-        writer = _writers.get(key)
-        if isinstance(writer, ProcessWriter) and not writer.alive:
-            writer.shutdown()
-            writer = None
-        if writer is None:
-            writer = _writers[key] = ProcessWriter(niceness) if executor == "process" else ThreadWriter(niceness)
-        return writer
-
-
-def shutdown_writers() -> None:
-    """Stop every checkpoint daemon (at interpreter exit, after pending takes finished)."""
-    from snapshotkit._take.process_writer import ProcessWriter
-
-    with _writers_lock:
-        daemons = [_writers.pop(key) for key in list(_writers) if key[0] == "process"]
-    for writer in daemons:
-        assert isinstance(writer, ProcessWriter)
-        writer.shutdown()
-
-
-def checkpoint_daemon_pid() -> int | None:
-    """The pid of a running checkpoint daemon, if there is one (for tests and monitoring)."""
-    from snapshotkit._take.process_writer import ProcessWriter
-
-    for writer in list(_writers.values()):
-        if isinstance(writer, ProcessWriter) and writer.alive:
-            return writer.pid
-    return None

@@ -11,7 +11,7 @@ import torch
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit._runtime.staging import BufferPool, staging_budget
-from snapshotkit._take import writers
+from snapshotkit._take import executors, writers
 from snapshotkit._take.process_writer import ProcessWriter
 from snapshotkit.errors import ConfigError, InvalidAppStateError, InvalidArgumentError
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 def fresh_writers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, int], Any]]:
     """Each test starts without background writers (so it sees every allocation) and stops its daemon."""
     made: dict[tuple[str, int], Any] = {}
-    monkeypatch.setattr(writers, "_writers", made)
+    monkeypatch.setattr(executors, "_writers", made)
     yield made
     for writer in made.values():
         if isinstance(writer, ProcessWriter):
@@ -32,7 +32,7 @@ def fresh_writers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, i
 
 
 def pool(executor: str) -> BufferPool:
-    writer = writers.background_writer(executor, 19)
+    writer = executors.background_writer(executor, 19)
     buffers = writer._segments if isinstance(writer, ProcessWriter) else writer._buffers  # type: ignore[attr-defined]
     assert isinstance(buffers, BufferPool)
     return buffers

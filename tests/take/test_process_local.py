@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from snapshotkit import Snapshot, SnapshotManager, StateDict
-from snapshotkit._take import writers
+from snapshotkit._take import executors
 from snapshotkit._take.process_writer import ProcessWriter
 from snapshotkit.errors import ConfigError
 from snapshotkit.storage import MemoryStoragePlugin, register_storage_plugin
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(120)
 def fresh_writers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, int], Any]]:
     """No background writer yet: the test sees whether a checkpoint daemon was started."""
     made: dict[tuple[str, int], Any] = {}
-    monkeypatch.setattr(writers, "_writers", made)
+    monkeypatch.setattr(executors, "_writers", made)
     yield made
     for writer in made.values():
         if isinstance(writer, ProcessWriter):

@@ -19,7 +19,7 @@ import torch
 
 from snapshotkit import PendingSnapshot, Snapshot, StateDict
 from snapshotkit._runtime.staging import staging_budget
-from snapshotkit._take import writers
+from snapshotkit._take import executors
 from snapshotkit._take.process_writer import ProcessWriter
 from snapshotkit.errors import StorageError
 
@@ -43,7 +43,7 @@ def small_objects(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, i
     monkeypatch.setenv("SNAPSHOTKIT_DATA_OBJECT_BYTES", str(MIB))
     monkeypatch.setenv("SNAPSHOTKIT_CHUNK_BYTES", str(MIB))
     made: dict[tuple[str, int], Any] = {}
-    monkeypatch.setattr(writers, "_writers", made)
+    monkeypatch.setattr(executors, "_writers", made)
     yield made
     for writer in made.values():
         if isinstance(writer, ProcessWriter):
@@ -73,7 +73,7 @@ def _in_background(calls: list[Callable[[], PendingSnapshot]]) -> tuple[threadin
 
 
 def _pool_bytes(executor: str) -> int:
-    pool = writers.background_writer(executor, 19).pool
+    pool = executors.background_writer(executor, 19).pool
     assert pool is not None
     return pool.allocated_bytes
 
