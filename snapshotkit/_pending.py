@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._take.engine import TakeJob
+from snapshotkit._take.job import TakeJob
 
 __all__ = ["PendingTake"]
 

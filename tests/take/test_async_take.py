@@ -371,7 +371,7 @@ def test_a_background_failure_nobody_waited_for_is_reported_at_exit(tmp_path: Pa
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "returned"
-    assert f"async_take of foreign://{path}/unseen failed, nothing was committed" in done.stderr
+    assert f"async_take of foreign://{path}/unseen failed, and no wait() raised it" in done.stderr
     assert "/seen failed" not in done.stderr  # the caller saw that one: not reported again
 
 
