@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(autouse=True)
-def fresh_writers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, int], Any]]:
-    """Each test starts without background writers (so it sees every allocation) and stops its daemon."""
-    made: dict[tuple[str, int], Any] = {}
-    monkeypatch.setattr(executors, "_writers", made)
-    yield made
-    for writer in made.values():
-        if isinstance(writer, ProcessWriter):
-            writer.shutdown()
+def _fresh(fresh_writers: dict[tuple[str, int], Any]) -> None:
+    """Every test starts without background writers (``fresh_writers``, tests/take/conftest.py)."""
 
 
 def pool(executor: str) -> BufferPool:

@@ -7,15 +7,12 @@ data objects into its own memory while the trainer committed a manifest pointing
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
 from snapshotkit import Snapshot, SnapshotManager, StateDict
-from snapshotkit._take import executors
-from snapshotkit._take.process_writer import ProcessWriter
 from snapshotkit.errors import ConfigError
 from snapshotkit.storage import MemoryStoragePlugin, register_storage_plugin
 from snapshotkit.storage._memory import _STORE
@@ -25,14 +22,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(autouse=True)
-def fresh_writers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, int], Any]]:
-    """No background writer yet: the test sees whether a checkpoint daemon was started."""
-    made: dict[tuple[str, int], Any] = {}
-    monkeypatch.setattr(executors, "_writers", made)
-    yield made
-    for writer in made.values():
-        if isinstance(writer, ProcessWriter):
-            writer.shutdown()
+def _fresh(fresh_writers: dict[tuple[str, int], Any]) -> None:
+    """Every test starts without background writers (``fresh_writers``, tests/take/conftest.py)."""
 
 
 class Recording(StateDict):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ import torch
 from snapshotkit import PendingSnapshot, Snapshot, StateDict
 from snapshotkit._runtime.staging import staging_budget
 from snapshotkit._take import executors
-from snapshotkit._take.process_writer import ProcessWriter
 from snapshotkit.errors import StorageError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
@@ -37,17 +36,14 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(autouse=True)
-def small_objects(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, int], Any]]:
+def small_objects(
+    monkeypatch: pytest.MonkeyPatch, fresh_writers: dict[tuple[str, int], Any]
+) -> dict[tuple[str, int], Any]:
     """1 MiB data objects, and fresh background writers (a daemon that knows ``gated://``,
     pools that start empty), stopped afterwards."""
     monkeypatch.setenv("SNAPSHOTKIT_DATA_OBJECT_BYTES", str(MIB))
     monkeypatch.setenv("SNAPSHOTKIT_CHUNK_BYTES", str(MIB))
-    made: dict[tuple[str, int], Any] = {}
-    monkeypatch.setattr(executors, "_writers", made)
-    yield made
-    for writer in made.values():
-        if isinstance(writer, ProcessWriter):
-            writer.shutdown()
+    return fresh_writers
 
 
 def _state(seed: int, tensors: int = 2, elements: int = ELEMENTS) -> dict[str, Any]:
