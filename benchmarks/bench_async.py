@@ -231,7 +231,7 @@ class SnapshotkitDriver(Driver):
     def writer_pid(self) -> int | None:
         if self.executor != "process":
             return None
-        from snapshotkit._take.writers import checkpoint_daemon_pid
+        from snapshotkit._take.executors import checkpoint_daemon_pid
 
         return checkpoint_daemon_pid()
 

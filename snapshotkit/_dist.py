@@ -9,11 +9,8 @@ the caller's process group. What this module adds is what checkpointing needs on
   contributes its result *or its error*, and every rank gets every rank's, so one failing rank
   makes all of them raise at the same step instead of leaving the others waiting.
 
-* a *rendezvous* is the two steps a take's commit needs (gather every rank's result at rank 0,
-  then tell every rank rank 0's verdict), either through collectives on the caller's thread
-  (:class:`CollectiveRendezvous`) or through the process group's store from any thread
-  (:class:`StoreRendezvous`: background commits of ``async_take``, since no collective may run
-  off the main thread).
+* :func:`rank_failed` is the error a rank raises for another rank's failure (the take's commit
+  rendezvous, :mod:`snapshotkit._take.rendezvous`, uses it too).
 
 Without an initialized ``torch.distributed`` (or with a group of one rank) everything is local.
 """
@@ -25,7 +22,7 @@ import datetime
 import pickle
 import traceback
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from snapshotkit.errors import CollectiveTimeoutError, ConfigError, RankFailedError
 
@@ -158,6 +155,12 @@ class Group:
 
         return (tuple(dist.get_process_group_ranks(self.pg)), self.rank, self.world_size)
 
+    def store(self) -> Any:
+        """The default process group's key-value store (usable from any thread, unlike collectives)."""
+        import torch.distributed as dist
+
+        return dist.distributed_c10d._get_default_store()
+
     def all_reduce_min(self, values: list[int], what: str) -> list[int]:
         """The element-wise minimum over the ranks of ``values`` (int64 each): one all-reduce of
         ``8 * len(values)`` bytes, whatever the world size."""
@@ -172,12 +175,13 @@ class Group:
 
     # ------------------------------------------------------------------ the exchange
 
-    def exchange(self, value: Any, error: BaseException | None, what: str) -> list[Any]:
+    def exchange(self, value: Any, error: BaseException | None, what: str, consequence: str = "") -> list[Any]:
         """Contribute ``value`` (or the ``error`` this rank hit) and get every rank's value.
 
         If any rank reported an error, every rank raises: the failing rank re-raises its own
         error, the others a :class:`RankFailedError` naming that rank, with its error (when it
-        can be sent) as the cause.
+        can be sent) as the cause, and ``consequence`` (such as "nothing was written") at the end
+        of its message.
         """
         if not self.distributed:
             if error is not None:
@@ -190,7 +194,7 @@ class Group:
             return [o.value for o in outcomes]
         if error is not None:
             raise error
-        raise _rank_failed(what, failed)
+        raise rank_failed(what, failed, consequence)
 
 
 def resolve_group(pg: Any | None, *, timeout_seconds: float = 1800.0) -> Group:
@@ -218,101 +222,14 @@ def describe_error(error: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(error), error)).strip()
 
 
-class Rendezvous(Protocol):
-    """The two synchronisation points of a commit (see the module docstring)."""
-
-    def gather(self, value: Any, error: BaseException | None, what: str) -> list[Any] | None:
-        """Contribute this rank's ``value`` (or ``error``); rank 0 gets every rank's value.
-
-        Raises on every rank that learns of a failure (the failing rank its own error, others
-        :class:`RankFailedError`); other ranks may return None before rank 0 has gathered.
-        """
-        ...
-
-    def settle(self, error: BaseException | None, what: str) -> None:
-        """Rank 0 publishes its outcome (``error`` or success); every rank raises on failure."""
-        ...
-
-
-@dataclasses.dataclass(frozen=True)
-class CollectiveRendezvous:
-    """A rendezvous through :meth:`Group.exchange`: every rank raises at the same step."""
-
-    group: Group
-
-    def gather(self, value: Any, error: BaseException | None, what: str) -> list[Any] | None:
-        return self.group.exchange(value, error, what)
-
-    def settle(self, error: BaseException | None, what: str) -> None:
-        self.group.exchange(None, error if self.group.rank == 0 else None, what)
-
-
-@dataclasses.dataclass(frozen=True)
-class StoreRendezvous:
-    """A rendezvous through the default process group's store, usable off the main thread.
-
-    ``key`` names the take (its id and path) so concurrent takes never mix.
-    """
-
-    group: Group
-    key: str
-
-    def _store(self) -> Any:
-        import torch.distributed as dist
-
-        return dist.distributed_c10d._get_default_store()
-
-    def _wait(self, store: Any, keys: list[str], what: str) -> None:
-        try:
-            store.wait(keys, datetime.timedelta(seconds=self.group.timeout_seconds))
-        except RuntimeError as exc:
-            raise CollectiveTimeoutError(
-                f"{what}: rank {self.group.rank} of {self.group.world_size} waited {self.group.timeout_seconds:g} s "
-                "for the other ranks, whose writes or commit did not finish; nothing was committed"
-            ) from exc
-
-    def _publish_verdict(self, store: Any, failing_rank: int, outcome: RankOutcome) -> None:
-        store.set(f"{self.key}/verdict", pickle.dumps((failing_rank, outcome)))
-
-    def gather(self, value: Any, error: BaseException | None, what: str) -> list[Any] | None:
-        store = self._store()
-        mine = RankOutcome(value) if error is None else RankOutcome(None, portable(error), describe_error(error))
-        store.set(f"{self.key}/result/{self.group.rank}", pickle.dumps(mine))
-        if self.group.rank != 0:
-            if error is not None:
-                raise error
-            return None
-        keys = [f"{self.key}/result/{r}" for r in range(self.group.world_size)]
-        self._wait(store, keys, what)
-        outcomes: list[RankOutcome] = [pickle.loads(store.get(k)) for k in keys]  # noqa: S301 - our ranks
-        failed = [(rank, o) for rank, o in enumerate(outcomes) if o.error_text]
-        if failed:
-            self._publish_verdict(store, failed[0][0], failed[0][1])
-            if error is not None:
-                raise error
-            raise _rank_failed(what, failed)
-        return [o.value for o in outcomes]
-
-    def settle(self, error: BaseException | None, what: str) -> None:
-        store = self._store()
-        if self.group.rank == 0:
-            outcome = RankOutcome() if error is None else RankOutcome(None, portable(error), describe_error(error))
-            self._publish_verdict(store, 0, outcome)
-            if error is not None:
-                raise error
-            return
-        self._wait(store, [f"{self.key}/verdict"], what)
-        failing_rank, outcome = pickle.loads(store.get(f"{self.key}/verdict"))  # noqa: S301 - our ranks
-        if outcome.error_text:
-            raise _rank_failed(what, [(failing_rank, outcome)])
-
-
-def _rank_failed(what: str, failed: list[tuple[int, RankOutcome]]) -> RankFailedError:
+def rank_failed(what: str, failed: list[tuple[int, RankOutcome]], consequence: str = "") -> RankFailedError:
+    """The error for another rank's failure at step ``what``; ``consequence`` (such as "nothing was
+    committed") is added where it holds."""
     rank, first = failed[0]
     others = f" (and ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""
+    then = f", and {consequence}" if consequence else ""
     error = RankFailedError(
-        f"{what}: rank {rank}{others} failed with {first.error_text}; this rank stopped too, and nothing was committed",
-        rank,
+        f"{what}: rank {rank}{others} failed with {first.error_text}; this rank stopped too{then}", rank
     )
     error.__cause__ = first.error
     return error

@@ -1,51 +1,55 @@
-"""A snapshot being written in the background: what :meth:`Snapshot.async_take <snapshotkit.Snapshot.async_take>`
-returns (re-exported by :mod:`snapshotkit.snapshot` and :mod:`snapshotkit`)."""
+"""The handle on a take being written in the background, whatever the caller makes of the result.
+
+:class:`PendingTake` knows the take's job, not the facade: what :meth:`~PendingTake.wait` returns
+is what the callable it was given makes of the committed manifest. The public
+:class:`snapshotkit.PendingSnapshot` (in :mod:`snapshotkit.snapshot`) is the ``PendingTake``
+whose result is the committed :class:`~snapshotkit.Snapshot`, so this module imports nothing of
+the facade and the facade imports it.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
-from snapshotkit._take import engine as take_engine
+from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._take.job import TakeJob
 
-if TYPE_CHECKING:
-    from snapshotkit.snapshot import Snapshot
+__all__ = ["PendingTake"]
 
-__all__ = ["PendingSnapshot"]
+#: What the take becomes once committed (a :class:`~snapshotkit.Snapshot` for ``PendingSnapshot``).
+R = TypeVar("R")
 
 
-class PendingSnapshot:
-    """A snapshot being written in the background; :meth:`wait` gives the committed :class:`Snapshot`.
+class PendingTake(Generic[R]):
+    """A take being written in the background; :meth:`wait` gives the committed snapshot.
+
+    Args:
+        job: the take's background job.
+        pg: the process group of the take.
+        committed: makes the result from the committed manifest (``None`` on ranks other than 0,
+            which read it on first use); called by every :meth:`wait` that returns.
 
     Attributes:
         path: where the snapshot is being written (rank 0's path).
         pg: the process group of the take.
     """
 
-    def __init__(self, job: take_engine.TakeJob, snapshot: Snapshot) -> None:
+    def __init__(self, job: TakeJob, pg: Any, committed: Callable[[SnapshotMetadata | None], R]) -> None:
         self.path = job.path
-        self.pg = snapshot.pg
+        self.pg = pg
         self._job = job
-        self._snapshot = snapshot
+        self._committed = committed
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "writing"
-        return f"PendingSnapshot({self.path!r}, {state})"
+        return f"{type(self).__name__}({self.path!r}, {state})"
 
     def done(self) -> bool:
         """Whether the background work finished (committed, or failed)."""
         return self._job.done()
 
-    def wait(self, timeout: float | None = None) -> Snapshot:
-        """Block until the snapshot is committed and return it; raise what went wrong.
-
-        Raises:
-            WaitTimeoutError: ``timeout`` seconds passed first; the snapshot keeps being
-                written and ``wait`` may be called again.
-            RankFailedError: another rank's writes failed (its error is the cause).
-            CheckpointDaemonError: the checkpoint daemon died.
-            StorageError, ...: this rank's own failure, as ``take`` would raise it.
-        """
-        metadata = self._job.wait(timeout)
-        if metadata is not None and self._snapshot._metadata is None:
-            self._snapshot._metadata = metadata
-        return self._snapshot
+    def wait(self, timeout: float | None = None) -> R:
+        """Block until the take is committed and return what ``committed`` makes of it; raise what
+        went wrong (:meth:`snapshotkit.PendingSnapshot.wait` lists it)."""
+        return self._committed(self._job.wait(timeout))

@@ -13,6 +13,7 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     ├── InvalidAppStateError           (TypeError)          app_state value is not Stateful
     ├── InvalidArgumentError           (TypeError)          an argument of the wrong type (path=None)
     ├── LogicalPathNotFoundError       (KeyError)           unknown logical path / missing key
+    │   └── AppStateKeyNotFoundError   (also AssertionError) an app_state key the snapshot lacks
     ├── StateMismatchError             (ValueError)         shape/dtype differs (strict)
     ├── ManifestError                  (ValueError)         malformed manifest
     │   ├── UnsupportedFormatVersionError                   written by a newer snapshotkit
@@ -28,6 +29,7 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     ├── ConfigError                    (ValueError)         bad argument or SNAPSHOTKIT_* variable
     ├── ImportSourceError              (ValueError)         import_snapshot cannot read its source
     ├── RankFailedError                (RuntimeError)       another rank of a multi-rank take/restore failed
+    ├── PartialRestoreError            (RuntimeError)       restore_latest restored nothing, but changed the state
     ├── CollectiveTimeoutError         (TimeoutError)       other ranks did not arrive in time
     ├── WaitTimeoutError               (TimeoutError)       PendingSnapshot.wait(timeout) ran out
     ├── CheckpointDaemonError          (RuntimeError)       the async_take daemon process died
@@ -36,6 +38,7 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
         ├── StoragePermissionError     (PermissionError)    credentials refused (403): not retried
         ├── BucketNotFoundError        (FileNotFoundError)  the bucket does not exist: not retried
         ├── RetriesExhaustedError                           transient failures outlasted the retries
+        ├── CommitOutcomeUnknownError                       the manifest write failed and its outcome is unknown
         └── UnsafeStorageObjectError                        object is a symlink out of the root or not a file
 
 Messages say what was wrong, the offending value, and what to do next.
@@ -46,11 +49,13 @@ from __future__ import annotations
 import pickle
 
 __all__ = [
+    "AppStateKeyNotFoundError",
     "BaseSnapshotError",
     "BucketNotFoundError",
     "CheckpointDaemonError",
     "ChecksumMismatchError",
     "CollectiveTimeoutError",
+    "CommitOutcomeUnknownError",
     "ConfigError",
     "ExportExistsError",
     "ForeignCheckpointError",
@@ -62,6 +67,7 @@ __all__ = [
     "LogicalPathNotFoundError",
     "ManifestError",
     "ManifestIntegrityError",
+    "PartialRestoreError",
     "RankFailedError",
     "RestoreMemoryError",
     "RetriesExhaustedError",
@@ -140,6 +146,15 @@ class LogicalPathNotFoundError(SnapshotkitError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class AppStateKeyNotFoundError(LogicalPathNotFoundError, AssertionError):
+    """An ``app_state`` key (of :meth:`~snapshotkit.Snapshot.restore` or
+    :meth:`~snapshotkit.Snapshot.get_state_dict_for_key`) is not in the snapshot for this rank.
+
+    Also an ``AssertionError``, which is what torchsnapshot raises there, so ``except
+    AssertionError`` in code written for it keeps working.
+    """
+
+
 class StateMismatchError(SnapshotkitError, ValueError):
     """A stored tensor does not match its in-place destination (shape or dtype)."""
 
@@ -210,6 +225,21 @@ class RankFailedError(SnapshotkitError, RuntimeError):
         self.rank = rank
 
 
+class PartialRestoreError(SnapshotkitError, RuntimeError):
+    """:meth:`SnapshotManager.restore_latest <snapshotkit.SnapshotManager.restore_latest>` restored
+    no snapshot, and a failed attempt may already have written into the objects of ``app_state``
+    (on this rank or another): they hold part of a snapshot, so training on from them would be
+    wrong. The last attempt's error is the ``__cause__``.
+
+    Attributes:
+        attempts: ``(step, why it failed)`` of each snapshot tried, newest first.
+    """
+
+    def __init__(self, message: str, attempts: tuple[tuple[int, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
 class CollectiveTimeoutError(SnapshotkitError, TimeoutError):
     """Other ranks did not reach a collective step of a take or restore in time."""
 
@@ -246,6 +276,13 @@ class BucketNotFoundError(StorageError, FileNotFoundError):
 
 class RetriesExhaustedError(StorageError):
     """A request kept failing transiently (resets, 5xx, throttling) until its retries ran out."""
+
+
+class CommitOutcomeUnknownError(StorageError):
+    """The manifest write of a take failed in a way that leaves unknown whether it was committed
+    (an interrupt, a timeout, or a store that could not be asked afterwards). Every rank kept its
+    data: open the path to see whether the snapshot exists; if it does not, the leftovers are an
+    incomplete snapshot that ``SnapshotManager`` and ``snapshotkit cleanup`` remove."""
 
 
 class UnsafeStorageObjectError(StorageError):

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from snapshotkit import _events
+from snapshotkit._app_state import validate_app_state
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._lifecycle import fallback
@@ -40,7 +41,8 @@ from snapshotkit._lifecycle.values import (
     clean_metrics,
 )
 from snapshotkit._restore.partial import RestoreReport
-from snapshotkit._take.writers import EXECUTORS
+from snapshotkit._take.executors import EXECUTORS
+from snapshotkit._take.prepare import refuse_process_local
 from snapshotkit.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -96,7 +98,8 @@ class SnapshotManager:
     ``step_<n>`` snapshot reads from (its manifest's ``bases``) is kept as long as that one is.
 
     Raises:
-        InvalidArgumentError, ConfigError: an argument is of the wrong type or out of range.
+        InvalidArgumentError, ConfigError: an argument is of the wrong type or out of range;
+            ``async_executor="process"`` with a process-local root (``memory://``).
         StorageError: the root could not be listed.
     """
 
@@ -129,6 +132,8 @@ class SnapshotManager:
             raise ConfigError(f"async_executor must be one of {EXECUTORS} or None, got {async_executor!r}")
         self.pg, self.async_executor = pg, async_executor
         self._options = dict(storage_options or {})
+        if async_executor == "process":
+            refuse_process_local(self.root, self._options, caller='SnapshotManager(async_executor="process")')
         self._group = resolve_group(pg, timeout_seconds=Config.resolve().collective_timeout_seconds)
         self._janitor = RootJanitor(self.root, self._options)
         self._pending: PendingSnapshot | None = None
@@ -295,6 +300,7 @@ class SnapshotManager:
             clean = clean_metrics(metrics)
             user_metadata = check_metadata(metadata)
             check_take_keywords(take_kwargs, incremental=self.incremental)
+            validate_app_state(app_state)  # before the root is read for an incremental save's base
             if not isinstance(async_take, bool):
                 raise ConfigError(f"async_take must be True or False, got {async_take!r}")
         except Exception as exc:
@@ -386,18 +392,33 @@ class SnapshotManager:
         state (``strict=False``) is refused with ``StateMismatchError``: the failed attempt may
         have left its data there. ``last_restore_report`` holds the restore's report.
 
+        Damage is often found after some bytes were read into the objects: when nothing restored
+        and an attempt, on any rank, may have written into the state, every rank raises
+        ``PartialRestoreError`` (so ``restore_latest(...) or 0`` never trains on half-restored objects).
+
         Args:
-            app_state: as for :meth:`Snapshot.restore`.
+            app_state: as for :meth:`Snapshot.restore` (checked first, before the root is read).
             restore_kwargs: passed to :meth:`Snapshot.restore` (``strict``, ``weights_only``...).
 
         Returns:
-            The step restored, or None when the root holds nothing to resume from.
+            The step restored, or None: nothing to resume from, and the state is untouched.
+
+        Raises:
+            InvalidAppStateError: ``app_state`` is not a dict of Stateful objects.
+            PartialRestoreError: nothing restored, and an attempt may have changed the state.
+            SnapshotkitError: any other failure, as :meth:`Snapshot.restore` raises it.
         """
+        error: BaseException | None = None
+        try:
+            validate_app_state(app_state)
+        except Exception as exc:
+            error = exc
+        # a wrong app_state on one rank makes every rank raise here, before anything is read
+        self._group.exchange(None, error, "SnapshotManager.restore_latest: checking app_state")
         self._settle_pending()
         retention, self._retention = self._retention, None
         if retention is not None:
             retention.result()  # no deletion runs while older snapshots may be read
-        error: BaseException | None = None
         committed: list[int] = []
         if self._group.rank == 0:
             try:

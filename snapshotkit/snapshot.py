@@ -11,9 +11,10 @@ from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import Entry, escape_key
-from snapshotkit._pending import PendingSnapshot
+from snapshotkit._pending import PendingTake
 from snapshotkit._restore import engine as restore_engine
 from snapshotkit._restore.bases import intact_bases, open_snapshot_storage
+from snapshotkit._restore.metadata import load_metadata
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._runtime.progress import check_progress
 from snapshotkit._take import engine as take_engine
@@ -54,6 +55,13 @@ class Snapshot:
 
     def __repr__(self) -> str:
         return f"Snapshot({self.path!r})"
+
+    def _committed(self, metadata: SnapshotMetadata | None) -> Snapshot:
+        """This snapshot, told the manifest its take just committed (None on ranks other than 0:
+        read on first use)."""
+        if metadata is not None and self._metadata is None:
+            self._metadata = metadata
+        return self
 
     @classmethod
     def take(
@@ -97,7 +105,8 @@ class Snapshot:
                 shape. It runs on the calling thread before anything is written (also for
                 :meth:`async_take`), and the results are held until they are staged.
             memory_budget_bytes: host bytes the pipeline may hold at once (default:
-                ``SNAPSHOTKIT_MEMORY_BUDGET_BYTES``, else 60% of available RAM, at most 32 GiB).
+                ``SNAPSHOTKIT_MEMORY_BUDGET_BYTES``, else 60% of available RAM, at most 32 GiB;
+                one staging budget per process, shared with :meth:`async_take` calls in flight).
             metadata: your own JSON object, stored in the manifest and returned by
                 ``Snapshot(path).metadata.user_metadata`` (e.g. ``{"step": 1000, "loss": 0.25}``):
                 ``str`` keys; values dicts, lists, ``str``, ``int``, finite ``float``, ``bool``
@@ -167,9 +176,7 @@ class Snapshot:
             load_base=_base_loader(base, pg, options),
             progress=show,
         )
-        snapshot = cls(target, pg=pg, storage_options=options)
-        snapshot._metadata = committed  # None on ranks other than 0: read on first use
-        return snapshot
+        return cls(target, pg=pg, storage_options=options)._committed(committed)
 
     @classmethod
     def async_take(
@@ -193,17 +200,21 @@ class Snapshot:
 
         Returns once everything the caller could change has been copied: ``state_dict()`` was
         called, objects serialized, and every tensor piece copied into staging buffers (GPU
-        tensors through pinned buffers on a side stream). From then on, nothing the caller does
+        tensors through pinned buffers on a side stream per device, after the kernels already
+        queued on the caller's current stream). From then on, nothing the caller does
         to its modules, optimizers or tensors changes the snapshot. Staging holds at most
-        ``memory_budget_bytes`` at once: beyond it, ``async_take`` waits for background writes
-        to drain. Another ``async_take`` while one is pending queues behind it (its writes go
-        after the earlier ones; snapshots to different paths never mix).
+        ``memory_budget_bytes`` at once in the process, every take in flight together, buffers
+        counted at their real size (powers of two, at least 1 MiB; pooled free ones included):
+        beyond it, ``async_take`` waits for background writes to drain. Another ``async_take``
+        while one is pending queues behind it, staging as its writes give memory back (its
+        writes go after the earlier ones; snapshots to different paths never mix).
 
         Args:
             executor: ``"thread"`` writes on snapshotkit's background I/O thread;
                 ``"process"`` hands staged objects, through shared memory, to a checkpoint
                 daemon process started on first use and reused, so checksumming and storage
-                calls never compete with training for the GIL.
+                calls never compete with training for the GIL. A process-local store
+                (``memory://``) raises ``ConfigError`` before anything is read: use ``"thread"``.
             progress: as for :meth:`take`, for the background writes.
 
         The other arguments are as for :meth:`take`.
@@ -232,7 +243,7 @@ class Snapshot:
             load_base=_base_loader(base, pg, options),
             progress=show,
         )
-        return PendingSnapshot(job, cls(job.path, pg=pg, storage_options=options))
+        return PendingSnapshot(job, pg, cls(job.path, pg=pg, storage_options=options)._committed)
 
     @classmethod
     def prepare_async(
@@ -252,7 +263,7 @@ class Snapshot:
         Plans the take of ``app_state`` as :meth:`async_take` would with the same arguments (calls
         ``state_dict()``; collective: call it on every rank), then allocates the staging buffers
         that take holds at once, up to ``memory_budget_bytes`` (rounded up to powers of two;
-        pinned when CUDA is present; shared memory and the checkpoint daemon for ``"process"``),
+        pinned when the state has GPU tensors; shared memory and the checkpoint daemon for ``"process"``),
         and writes every page so the first copy pays no page faults. Nothing is written to
         storage. Idempotent; the next :meth:`async_take` with this ``executor`` uses the buffers,
         which stay pooled for later takes. Arguments and errors (raised before anything is
@@ -289,7 +300,7 @@ class Snapshot:
     def _metadata_for(self, wanted: Sequence[str]) -> SnapshotMetadata:
         """The metadata; errors reading it name the ``wanted`` logical paths."""
         if self._metadata is None:
-            self._metadata = restore_engine.load_metadata(self._plugin, self.path, wanted)
+            self._metadata = load_metadata(self._plugin, self.path, wanted)
         return self._metadata
 
     def get_manifest(self) -> dict[str, Entry]:
@@ -342,7 +353,10 @@ class Snapshot:
             its own).
 
         Raises:
-            LogicalPathNotFoundError: (strict) an app_state key is not in the snapshot.
+            InvalidAppStateError: ``app_state`` is not a dict of Stateful objects (checked first,
+                before the snapshot is opened).
+            AppStateKeyNotFoundError: (strict) an app_state key is not in the snapshot (a
+                ``LogicalPathNotFoundError``, also an ``AssertionError`` as in torchsnapshot).
             StateMismatchError: (strict) a tensor, module or object does not match (the message
                 lists up to ten keys of each side); whatever ``strict`` says, a destination on
                 the meta device or a module tensor of another shape.
@@ -354,7 +368,7 @@ class Snapshot:
         group = resolve_group(self.pg, timeout_seconds=config.collective_timeout_seconds)
         wanted = sorted(str(key) for key in app_state) if isinstance(app_state, Mapping) else []
         return restore_engine.restore(
-            self._metadata_for(wanted),
+            lambda: self._metadata_for(wanted),  # read once app_state passed its check
             app_state,
             path=self.path,
             open_plugin=self._plugin,
@@ -381,6 +395,8 @@ class Snapshot:
                 ``"0/model/layer1.weight"`` works too). A container path (``"model"``) returns
                 the whole subtree.
             obj_out: a tensor of the stored dtype and shape to load into in place; it is returned.
+                Anything else that is not None is ignored with a WARNING on logger
+                ``snapshotkit.restore`` (as torchsnapshot does), and the stored value returned.
             memory_budget_bytes: host bytes for bounce buffers at once; large tensors are read
                 in byte ranges of at most this size when they cannot land in place directly.
             weights_only: see :meth:`restore`.
@@ -388,7 +404,7 @@ class Snapshot:
 
         Raises:
             LogicalPathNotFoundError: no such logical path (the message lists close matches).
-            InvalidArgumentError: ``path`` is not a ``str``, or ``obj_out`` not a tensor.
+            InvalidArgumentError: ``path`` is not a ``str``.
             StateMismatchError: ``obj_out`` is a tensor of another dtype or shape, on the meta
                 device, or the value at ``path`` is not a tensor.
             StorageError: the store failed (the plugin's error is the cause).
@@ -432,8 +448,9 @@ class Snapshot:
 
         Raises:
             InvalidArgumentError: ``key`` is not a ``str``.
-            LogicalPathNotFoundError: the snapshot has no such key for this rank (the message
-                lists close matches).
+            AppStateKeyNotFoundError: the snapshot has no such key for this rank (the message
+                lists close matches); a ``KeyError``, and an ``AssertionError`` as torchsnapshot
+                raises.
             IntegrityError: stored bytes are corrupt or truncated.
             StorageError: the store failed (the plugin's error is the cause).
         """
@@ -442,12 +459,38 @@ class Snapshot:
                 f"get_state_dict_for_key takes an app_state key as a str (e.g. 'model'), got "
                 f"{type(key).__name__} {key!r}"
             )
-        return self.read_object(
-            escape_key(key),
-            memory_budget_bytes=memory_budget_bytes,
+        group = resolve_group(self.pg)
+        config = Config.resolve(memory_budget_bytes=memory_budget_bytes, verify_checksums=verify_checksums)
+        return restore_engine.read_state_dict(
+            self._metadata_for([escape_key(key)]),
+            key,
+            path=self.path,
+            open_plugin=self._plugin,
+            rank=group.rank,
+            config=config,
             weights_only=weights_only,
-            verify_checksums=verify_checksums,
         )
+
+
+class PendingSnapshot(PendingTake[Snapshot]):
+    """A snapshot being written in the background; :meth:`wait` gives the committed :class:`Snapshot`.
+
+    Attributes:
+        path: where the snapshot is being written (rank 0's path).
+        pg: the process group of the take.
+    """
+
+    def wait(self, timeout: float | None = None) -> Snapshot:
+        """Block until the snapshot is committed and return it; raise what went wrong.
+
+        Raises:
+            WaitTimeoutError: ``timeout`` seconds passed first; the snapshot keeps being
+                written and ``wait`` may be called again.
+            RankFailedError: another rank's writes failed (its error is the cause).
+            CheckpointDaemonError: the checkpoint daemon died.
+            StorageError, ...: this rank's own failure, as ``take`` would raise it.
+        """
+        return super().wait(timeout)
 
 
 def _base_loader(

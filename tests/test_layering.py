@@ -1,8 +1,10 @@
-"""The package's layering (import-linter contracts in pyproject.toml) and where collectives live."""
+"""The package's layering (import-linter contracts in pyproject.toml), no import circles, and where
+collectives live."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import shutil
 import subprocess
 import sys
@@ -28,6 +30,46 @@ def test_import_linter_contracts_are_kept() -> None:
     done = subprocess.run([lint_imports], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 broken" in done.stdout
+
+
+def _module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(path: Path, module: str, modules: set[str]) -> set[str]:
+    """The package's modules ``module`` imports anywhere: at the top, inside functions (which hide a
+    circle from import time, not from the design) and under ``TYPE_CHECKING``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]  # a name may be a submodule
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            # A package's __init__ importing its own modules is how it is built, not a circle.
+            if name and name != module and not (path.name == "__init__.py" and name.startswith(module + ".")):
+                found.add(name)
+    return found
+
+
+def test_no_import_circles() -> None:
+    paths = {_module_of(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {module: _imported(path, module, set(paths)) for module, path in paths.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        circle = " -> ".join(exc.args[1])
+        pytest.fail(f"import circle (counting imports in functions and under TYPE_CHECKING): {circle}")
 
 
 def _distributed_imports(path: Path) -> list[str]:

@@ -3,16 +3,17 @@ read or written (``~`` is expanded, as a shell would)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from _snapshots import Net, files_of, take_basic
+from _snapshots import Net, files_of, make_app_state, take_basic
 
 from snapshotkit import Snapshot, StateDict
-from snapshotkit.errors import ConfigError, InvalidArgumentError, StateMismatchError
+from snapshotkit.errors import ConfigError, InvalidAppStateError, InvalidArgumentError, StateMismatchError
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -86,13 +87,52 @@ def test_tilde_is_the_home_directory(in_tmp: Path, prefix: str) -> None:
 
 
 @pytest.mark.parametrize("obj_out", [[1, 2], 3.0, {"w": 1}])
-def test_read_object_into_something_that_is_not_a_tensor_is_a_type_error(tmp_path: Path, obj_out: Any) -> None:
-    # Before: obj_out=[1, 2] was silently ignored.
+@pytest.mark.parametrize("logical_path", ["extras/w", "extras/step"])
+def test_read_object_ignores_an_obj_out_that_is_not_a_tensor_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, obj_out: Any, logical_path: str
+) -> None:
+    # torchsnapshot ignores such an obj_out with a warning (its own test reads a primitive with
+    # obj_out=777); before, this raised InvalidArgumentError and broke code written for it.
     take_basic(tmp_path / "snap")
-    with pytest.raises(InvalidArgumentError, match="obj_out must be a tensor") as info:
-        Snapshot(str(tmp_path / "snap")).read_object("extras/w", obj_out=obj_out)
-    assert isinstance(info.value, TypeError)
-    assert obj_out in ([1, 2], 3.0, {"w": 1})
+    kept = repr(obj_out)
+    with caplog.at_level(logging.WARNING, logger="snapshotkit.restore"):
+        value = Snapshot(str(tmp_path / "snap")).read_object(logical_path, obj_out=obj_out)
+    expected = make_app_state()["extras"][logical_path.split("/")[1]]
+    if isinstance(expected, torch.Tensor):
+        assert torch.equal(value, expected)
+    else:
+        assert value == expected
+    assert repr(obj_out) == kept  # untouched
+    [record] = [r for r in caplog.records if r.name == "snapshotkit.restore"]
+    assert record.levelno == logging.WARNING
+    assert f"obj_out is a {type(obj_out).__name__}, not a tensor" in record.getMessage()
+    assert logical_path in record.getMessage()
+
+
+def test_restore_checks_app_state_before_reading_the_snapshot(tmp_path: Path) -> None:
+    # Before: the empty directory was reported (SnapshotNotFoundError), not the wrong argument.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for where in (empty, tmp_path / "absent"):
+        with pytest.raises(InvalidAppStateError, match=r"app_state\['optim'\] is a int") as info:
+            Snapshot(str(where)).restore({"optim": 1})  # type: ignore[dict-item]
+        assert isinstance(info.value, TypeError)
+        with pytest.raises(InvalidAppStateError, match="must be a dict"):
+            Snapshot(str(where)).restore([1])  # type: ignore[arg-type]
+    assert not (tmp_path / "absent").exists() and not any(empty.iterdir())
+
+
+@pytest.mark.parametrize("how", ["take", "async_take"])
+def test_take_checks_app_state_before_the_existing_snapshot_or_the_base(tmp_path: Path, how: str) -> None:
+    take_basic(tmp_path / "snap")
+    before = files_of(tmp_path / "snap")
+    take = getattr(Snapshot, how)
+    with pytest.raises(InvalidAppStateError, match=r"app_state\['optim'\]"):
+        take(str(tmp_path / "snap"), {"optim": 1})  # an existing snapshot there
+    with pytest.raises(InvalidAppStateError, match=r"app_state\['optim'\]"):
+        take(str(tmp_path / "new"), {"optim": 1}, base=str(tmp_path / "no-base"))  # a base that is not there
+    assert files_of(tmp_path / "snap") == before
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize("logical_path", ["extras/step", "extras/history", "extras"])

@@ -18,7 +18,12 @@ import pytest
 import torch
 
 import snapshotkit as torchsnapshot
-from snapshotkit.errors import InvalidArgumentError, LogicalPathNotFoundError, UnsupportedValueError
+from snapshotkit.errors import (
+    AppStateKeyNotFoundError,
+    InvalidArgumentError,
+    LogicalPathNotFoundError,
+    UnsupportedValueError,
+)
 from snapshotkit.manifest import DictEntry, ListEntry, ObjectEntry, Piece, PrimitiveEntry, TensorEntry
 from snapshotkit.storage import ByteRange, FSStoragePlugin
 
@@ -161,10 +166,35 @@ def test_get_state_dict_for_key_with_special_characters_and_errors(tmp_path: Pat
     torchsnapshot.Snapshot.take(path, {"a/b%": torchsnapshot.StateDict(x=1), "model": _model()})
     snapshot = torchsnapshot.Snapshot(path)
     assert snapshot.get_state_dict_for_key("a/b%") == {"x": 1}
-    with pytest.raises(LogicalPathNotFoundError, match=r"'modle'.*'model'"):
+    with pytest.raises(AppStateKeyNotFoundError, match=r"'modle'.*'model'"):
         snapshot.get_state_dict_for_key("modle")
+    with pytest.raises(AppStateKeyNotFoundError, match=r"'a/b'.*'a/b%'"):  # keys shown as passed, not escaped
+        snapshot.get_state_dict_for_key("a/b")
     with pytest.raises(InvalidArgumentError, match="app_state key as a str"):
         snapshot.get_state_dict_for_key(0)  # type: ignore[arg-type]
+
+
+def test_a_missing_key_is_the_assertion_error_torchsnapshot_raises(tmp_path: Path) -> None:
+    # torchsnapshot's own test expects AssertionError from get_state_dict_for_key("invalid_key"),
+    # and restore of a key the snapshot lacks raises one too; before, only a KeyError was raised.
+    path = str(tmp_path / "snap")
+    torchsnapshot.Snapshot.take(path, {"my_module": _model()})
+    snapshot = torchsnapshot.Snapshot(path)
+    with pytest.raises(AssertionError, match="'invalid_key' is not in the snapshot") as info:
+        snapshot.get_state_dict_for_key("invalid_key")
+    assert isinstance(info.value, KeyError) and isinstance(info.value, LogicalPathNotFoundError)
+    with pytest.raises(AssertionError, match="'other' is not in the snapshot") as info:
+        snapshot.restore({"my_module": _model(), "other": torchsnapshot.StateDict(x=1)})
+    assert isinstance(info.value, KeyError)
+
+
+def test_read_object_ignores_an_obj_out_that_is_not_a_tensor(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # As torchsnapshot's own test_read_object: read_object("0/state/foo", 777) returns 42.
+    state = torchsnapshot.StateDict(foo=42, bar=torch.randn(20, 20))
+    snapshot = torchsnapshot.Snapshot.take(path=str(tmp_path / "snap"), app_state={"state": state})
+    assert snapshot.read_object("0/state/foo", 777) == 42
+    assert torch.equal(snapshot.read_object("0/state/bar", "not a tensor"), state["bar"])
+    assert [r.levelname for r in caplog.records if r.name == "snapshotkit.restore"] == ["WARNING", "WARNING"]
 
 
 # ------------------------------------------------------------------ manifest entries

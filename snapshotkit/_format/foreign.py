@@ -21,6 +21,8 @@ import shlex
 import struct
 from collections.abc import Iterable, Mapping
 
+from snapshotkit._text import first_few
+
 #: The formats ``import_snapshot(source=...)`` and ``snapshotkit import --from`` read.
 SOURCE_FORMATS = ("dcp", "safetensors", "torch", "torchsnapshot")
 
@@ -76,12 +78,12 @@ def classify_listing(names: Iterable[str]) -> ForeignCheckpoint | None:
             "" if len(indexes) == 1 else indexes[0],
         )
     if shards:
-        more = f" and {len(shards) - 1} more, each imported on its own" if len(shards) > 1 else ""
-        return ForeignCheckpoint("safetensors", f"a safetensors file ({shards[0]}{more})", shards[0])
+        shown = first_few(shards, 1, show=str) + (", each imported on its own" if len(shards) > 1 else "")
+        return ForeignCheckpoint("safetensors", f"a safetensors file ({shown})", shards[0])
     torch_files = [name for name in top if name.endswith(_TORCH_SUFFIXES)]
     if torch_files:
-        more = f" and {len(torch_files) - 1} more" if len(torch_files) > 1 else ""
-        return ForeignCheckpoint("torch", f"what looks like a torch.save file ({torch_files[0]}{more})", torch_files[0])
+        shown = first_few(torch_files, 1, show=str)
+        return ForeignCheckpoint("torch", f"what looks like a torch.save file ({shown})", torch_files[0])
     return None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from snapshotkit._format.entries import Piece
+    from snapshotkit._format.pieces import Piece
 
 __all__ = [
     "DictNames",

@@ -5,19 +5,26 @@ else (a state that does not match, a store that cannot be reached, a newer forma
 every snapshot alike and is raised.
 Each rank classifies its own failure; a rank that only learned of another rank's failure
 (``RankFailedError`` without a cause that crossed over) follows the others' verdict.
+A failed attempt may already have written into the state (direct reads fill tensors in place
+before their checksums are known to be wrong): when no snapshot restores after such an attempt,
+every rank raises ``PartialRestoreError``; None means nothing restored and nothing changed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from snapshotkit import _events
 from snapshotkit._dist import Group
+from snapshotkit._runtime.touched import state_touched
+from snapshotkit._text import first_few
 from snapshotkit.errors import (
     IntegrityError,
     ManifestError,
+    PartialRestoreError,
     RankFailedError,
     SnapshotNotFoundError,
     StateMismatchError,
@@ -34,16 +41,21 @@ def restore_newest(
     restore_kwargs: Mapping[str, Any],
 ) -> tuple[int, Any] | None:
     """Restore the newest of ``candidates`` (ascending committed steps, the same on every rank)
-    that restores; its step and :class:`~snapshotkit.RestoreReport`, or None when none does or
-    there is none.
+    that restores; its step and :class:`~snapshotkit.RestoreReport`, or None when there is none,
+    or none restored and no attempt changed the state.
     ``open_step(step)`` gives the :class:`~snapshotkit.Snapshot` of a step (not imported here: the
     facade sits above this layer).
 
     Collective. A snapshot every rank agrees to skip (see :func:`verdict`) gets a
     ``RuntimeWarning`` and the next older one is tried; after a fallback, a snapshot that lacks
     some of the state raises ``StateMismatchError`` (the failed attempt may have left its data).
+    When no snapshot restores and an attempt may have written into the state on any rank (the
+    restore engine marks its errors, :mod:`snapshotkit._runtime.touched`), every rank raises
+    :class:`~snapshotkit.errors.PartialRestoreError` naming each attempt (the last failure as its
+    cause), instead of returning None or raising that failure alone.
     """
-    skipped: list[int] = []
+    tried: list[Attempt] = []
+    last_error: BaseException | None = None
     for step in reversed(candidates):
         snapshot = open_step(step)
         try:
@@ -56,7 +68,11 @@ def restore_newest(
             with _events.step_scope(step):
                 report = snapshot.restore(app_state, **restore_kwargs)
         except Exception as exc:
-            if not _skip_together(group, exc):
+            skip, touched = _agree(group, exc)
+            tried.append(Attempt(step, snapshot.path, reason(exc), touched))
+            if not skip:
+                if any(attempt.touched for attempt in tried):
+                    raise partial_restore(tried) from exc
                 raise
             warnings.warn(
                 f"restore_latest: skipping the snapshot of step {step} at {snapshot.path!r}: {reason(exc)}; "
@@ -64,25 +80,62 @@ def restore_newest(
                 RuntimeWarning,
                 stacklevel=3,  # the caller of SnapshotManager.restore_latest
             )
-            skipped.append(step)
+            last_error = exc
             continue
-        if skipped and group.any(bool(report.missing_keys), "restore_latest: checking the fallback"):
+        if tried and group.any(bool(report.missing_keys), "restore_latest: checking the fallback"):
             raise StateMismatchError(
-                f"restore_latest fell back from step {skipped[0]} to step {step}, which lacks some of the state "
+                f"restore_latest fell back from step {tried[0].step} to step {step}, which lacks some of the state "
                 f"({shown_paths(report.missing_keys)} on this rank): the failed attempt may have left "
                 "its data there. Rebuild the objects and restore again (strict=False restores only what a "
                 "snapshot has)"
             )
         return step, report
+    if any(attempt.touched for attempt in tried):
+        raise partial_restore(tried) from last_error
     return None
 
 
-def _skip_together(group: Group, exc: BaseException) -> bool:
-    """Whether every rank skips the snapshot that raised ``exc`` (all ranks agree)."""
-    mine = verdict(exc)
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """A snapshot restore_latest tried, which did not restore.
+
+    Attributes:
+        touched: whether the attempt may have written into the state, on any rank.
+    """
+
+    step: int
+    path: str
+    reason: str
+    touched: bool
+
+
+def partial_restore(tried: Sequence[Attempt]) -> PartialRestoreError:
+    """The error for attempts that restored nothing, some of which may have written into the state."""
+    lines = "; ".join(
+        f"step {a.step} at {a.path!r}: {a.reason} "
+        f"({'may have written into the state' if a.touched else 'failed before writing anything'})"
+        for a in tried
+    )
+    return PartialRestoreError(
+        "restore_latest restored no snapshot, and a failed attempt may have written part of a snapshot into the "
+        "objects of app_state: they now hold neither their previous values nor a snapshot's. Tried, newest "
+        f"first: {lines}. Do not train on from these objects: build them anew (model, optimizer...), then "
+        "restore from an intact snapshot (`snapshotkit verify PATH` checks one) or start from scratch with "
+        "the new objects",
+        tuple((a.step, a.reason) for a in tried),
+    )
+
+
+def _agree(group: Group, exc: BaseException) -> tuple[bool, bool]:
+    """Whether every rank skips the snapshot that raised ``exc`` (all ranks agree), and whether the
+    failed attempt may have written into the state on any rank (all ranks agree on that too)."""
+    mine, touched = verdict(exc), state_touched(exc)
     if not group.distributed:
-        return mine == "skip"
-    return skip_agreed(group.exchange(mine, None, "restore_latest: agreeing to skip a snapshot"))
+        return mine == "skip", touched
+    verdicts: list[tuple[Verdict, bool]] = group.exchange(
+        (mine, touched), None, "restore_latest: agreeing to skip a snapshot"
+    )
+    return skip_agreed([v for v, _ in verdicts]), any(t for _, t in verdicts)
 
 
 Verdict = Literal["skip", "raise", "follow"]
@@ -113,8 +166,8 @@ def reason(exc: BaseException) -> str:
 def shown_steps(steps: Sequence[int]) -> str:
     if not steps:
         return "none"
-    return ", ".join(map(str, steps[:10])) + (f" ... ({len(steps)} in all)" if len(steps) > 10 else "")
+    return first_few(steps, 10, show=str)
 
 
 def shown_paths(paths: Sequence[str]) -> str:
-    return ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    return first_few(paths)

@@ -24,7 +24,8 @@ from snapshotkit._format.foreign import (
     import_command,
     is_torchsnapshot_document,
 )
-from snapshotkit._restore.failures import describe_paths, storage_failure
+from snapshotkit._restore.failures import storage_failure
+from snapshotkit._text import describe_paths, first_few
 from snapshotkit.errors import (
     ForeignCheckpointError,
     IncompleteSnapshotError,
@@ -206,5 +207,4 @@ def _local_file(path: str) -> ForeignCheckpoint | None:
 
 
 def _shown(names: Sequence[str]) -> str:
-    shown = ", ".join(repr(name) for name in sorted(names)[:_SHOWN_NAMES])
-    return shown + (" ..." if len(names) > _SHOWN_NAMES else "")
+    return first_few(sorted(names), _SHOWN_NAMES)

@@ -22,15 +22,12 @@ from snapshotkit._format.bases import resolve_base
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.pieces import METADATA_FILENAME, Piece
 from snapshotkit._restore.failures import storage_failure
+from snapshotkit._restore.metadata import load_metadata
+from snapshotkit._text import describe_paths
 from snapshotkit.errors import BaseSnapshotError, SnapshotkitError
 from snapshotkit.storage import ByteRange, StoragePlugin, open_storage_plugin
 
 OpenAt = Callable[[str], StoragePlugin]
-
-
-def _shown(paths: Iterable[str]) -> str:
-    ordered = sorted(set(paths))
-    return ", ".join(repr(p) for p in ordered[:5]) + (f" and {len(ordered) - 5} more" if len(ordered) > 5 else "")
 
 
 class ReferencingStorage(StoragePlugin):
@@ -79,7 +76,10 @@ class ReferencingStorage(StoragePlugin):
     async def _check(self, base: str, logical_paths: Sequence[str]) -> None:
         expected = self._bases.get(base)
         where = resolve_base(self._path, base)
-        what = f"the snapshot at {self._path!r} references base {base!r} ({where!r}) for {_shown(logical_paths)}, but "
+        what = (
+            f"the snapshot at {self._path!r} references base {base!r} ({where!r}) for "
+            f"{describe_paths(logical_paths)}, but "
+        )
         advice = (
             ". Its referenced bytes cannot be read: restore from another snapshot (keep the bases of incremental "
             "snapshots, or make self-contained copies with snapshotkit consolidate)"
@@ -140,8 +140,6 @@ def intact_bases(path: str, bases: Mapping[str, str], storage_options: Mapping[s
     """The base locations among ``bases`` (of the snapshot at ``path``) that still hold the snapshot
     of the referenced id: a take against this snapshot may copy its references to those (a
     reference to a base that is gone or replaced is written again instead)."""
-    from snapshotkit._restore.engine import load_metadata  # the engine reads through this module
-
     options = dict(storage_options)
     intact = set()
     for location, snapshot_id in bases.items():
@@ -177,7 +175,7 @@ async def check_referenced(plugin: StoragePlugin, items: Iterable[tuple[Piece, s
     if not isinstance(plugin, ReferencingStorage):
         first = next(iter(needed))
         raise BaseSnapshotError(
-            f"pieces of {_shown(needed[first])} are in base {first!r}, but this reader was opened without the "
+            f"pieces of {describe_paths(needed[first])} are in base {first!r}, but this reader was opened without the "
             "snapshot's bases; open it through snapshotkit.Snapshot"
         )
     await plugin.check_bases(needed)

@@ -1,6 +1,6 @@
 """The restore side: open the manifest, plan the reads, fetch, place, load.
 
-manifest (:func:`load_metadata`)  ->  plan reads for the leaves wanted (:mod:`.plan`, :mod:`.load`)
+manifest (:func:`.metadata.load_metadata`)  ->  plan reads for the leaves wanted (:mod:`.plan`, :mod:`.load`)
 ->  fetch byte ranges under the budget (:mod:`.fetch`)  ->  place into the destinations
 ->  ``load_state_dict()`` (RNG last)
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from snapshotkit._app_state import validate_app_state
@@ -25,12 +25,17 @@ from snapshotkit._config import Config
 from snapshotkit._dist import Group
 from snapshotkit._events import emit, format_bytes, transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import METADATA_FILENAME, Entry, ShardedTensorEntry, TensorEntry, escape_key
+from snapshotkit._format.entries import (
+    Entry,
+    ShardedTensorEntry,
+    TensorEntry,
+    escape_key,
+    unescape_key,
+)
 from snapshotkit._format.sharded import destination_boxes
 from snapshotkit._plan.flatten import inflate
-from snapshotkit._restore.absent import foreign_manifest, not_found
-from snapshotkit._restore.failures import open_failure, storage_failure
 from snapshotkit._restore.fetch import check_extents, read_pieces
+from snapshotkit._restore.metadata import OpenPlugin, open_store
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
 from snapshotkit._restore.plan import (
@@ -48,73 +53,25 @@ from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.loop import run_sync
 from snapshotkit._runtime.progress import ByteProgress
+from snapshotkit._runtime.touched import mark_touched
+from snapshotkit._text import first_few
 from snapshotkit.errors import (
+    AppStateKeyNotFoundError,
     InvalidArgumentError,
     LogicalPathNotFoundError,
-    ManifestError,
-    SnapshotkitError,
     StateMismatchError,
 )
 from snapshotkit.stateful import Stateful
 from snapshotkit.storage import StoragePlugin
 
-OpenPlugin = Callable[[], StoragePlugin]
-
 logger = logging.getLogger("snapshotkit.restore")
-
-
-def load_metadata(open_plugin: OpenPlugin, path: str, wanted: Sequence[str] = ()) -> SnapshotMetadata:
-    """Read and decode the manifest of the snapshot at ``path``; errors name the ``wanted`` logical paths.
-
-    Raises:
-        SnapshotNotFoundError: nothing is at the path, or something that is not a snapshot.
-        IncompleteSnapshotError: data objects of a take are there but the take never committed.
-        ForeignCheckpointError: another library's checkpoint is there (the message says which, and
-            the ``snapshotkit import`` command that converts it).
-        ManifestError: the manifest is malformed or from a newer format version.
-        StorageError: the store failed (the plugin's error is the cause).
-    """
-    try:
-        with gc_paused():
-            return run_sync(_load_metadata(_open(open_plugin, path), path, wanted))
-    except Exception as exc:
-        drop_frames(exc)
-        raise
-
-
-def _open(open_plugin: OpenPlugin, path: str) -> StoragePlugin:
-    try:
-        return open_plugin()
-    except Exception as exc:
-        raise open_failure(exc, path)  # noqa: B904 - the cause is set by open_failure
-
-
-async def _load_metadata(plugin: StoragePlugin, path: str, wanted: Sequence[str]) -> SnapshotMetadata:
-    try:
-        try:
-            text = await plugin.read(METADATA_FILENAME)
-        except FileNotFoundError as exc:
-            if isinstance(exc, SnapshotkitError):  # BucketNotFoundError: the store, not the snapshot, is missing
-                raise storage_failure(exc, location=METADATA_FILENAME, logical_paths=wanted, path=path)  # noqa: B904
-            raise await not_found(plugin, path, wanted) from None
-        except Exception as exc:
-            raise storage_failure(exc, location=METADATA_FILENAME, logical_paths=wanted, path=path)  # noqa: B904
-    finally:
-        await plugin.close()
-    try:
-        return SnapshotMetadata.from_text(bytes(text))
-    except ManifestError as exc:
-        foreign = foreign_manifest(path, bytes(text), wanted)
-        if foreign is not None:
-            raise foreign from None
-        raise type(exc)(f"{path}/{METADATA_FILENAME}: {exc}") from None
 
 
 def _fetch(
     open_plugin: OpenPlugin, path: str, loader: LeafLoader, config: Config, bar: ByteProgress | None = None
 ) -> int:
     """Read everything ``loader`` needs; the bytes read from storage."""
-    return run_sync(_read_and_close(_open(open_plugin, path), loader, config, bar))
+    return run_sync(_read_and_close(open_store(open_plugin, path), loader, config, bar))
 
 
 async def _read_and_close(
@@ -126,6 +83,7 @@ async def _read_and_close(
         # Claimed pieces are proven against the data objects before anything is allocated for them.
         probed_bytes = await check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency)
         loader.allocate()
+        loader.begin_fetch()
         if bar is not None:
             bar.set_total(sum(read.piece.nbytes for read in loader.reads))
         return probed_bytes + await read_pieces(
@@ -141,7 +99,7 @@ async def _read_and_close(
 
 
 def restore(
-    metadata: SnapshotMetadata,
+    load: Callable[[], SnapshotMetadata],
     app_state: object,
     *,
     path: str,
@@ -153,14 +111,21 @@ def restore(
     progress: bool = False,
 ) -> RestoreReport:
     """Load the snapshot into ``app_state`` on every rank of ``group``: every rank restored, or
-    every rank raises (nobody trains on from a half-restored state). Returns this rank's report."""
+    every rank raises (nobody trains on from a half-restored state). Returns this rank's report.
+
+    ``app_state`` is checked before ``load()`` reads the manifest, so a wrong argument is
+    reported as such whatever is (or is not) at ``path``. The error raised carries the mark of
+    :mod:`snapshotkit._runtime.touched`: whether this rank's objects may have been changed (reads
+    into in-place destinations started, a ``load_state_dict()`` ran, or this rank loaded and
+    another one failed).
+    """
     started_s = time.perf_counter()
     error: BaseException | None = None
     report, moved, entries = RestoreReport(), Transfer(), 0
     bar = ByteProgress(f"restoring {path}", enabled=progress)
     try:
         report, moved, entries = _restore_rank(
-            metadata, app_state, path, open_plugin, group, config, strict, weights_only, bar
+            load, app_state, path, open_plugin, group, config, strict, weights_only, bar
         )
     except Exception as exc:
         error = exc
@@ -168,6 +133,10 @@ def restore(
         bar.close()
     try:
         group.exchange(None, error, "restore: loading the state")
+    except Exception as exc:
+        if error is None:
+            mark_touched(exc, True)  # this rank loaded its state; another rank failed
+        raise
     finally:
         error = None  # this frame is in the error's traceback: no reference cycle through it
     seconds = time.perf_counter() - started_s
@@ -181,7 +150,7 @@ def restore(
 
 
 def _restore_rank(
-    metadata: SnapshotMetadata,
+    load: Callable[[], SnapshotMetadata],
     app_state: object,
     path: str,
     open_plugin: OpenPlugin,
@@ -194,19 +163,27 @@ def _restore_rank(
     """Restore this rank's state: its report, the bytes it read and received, and the entries
     restored (leaves and containers)."""
     session = open_session(group, config)
+    loader = LeafLoader(weights_only=weights_only)
     try:
-        states_of = validate_app_state(app_state)
+        states_of = validate_app_state(app_state)  # before anything is read: a wrong argument says so
+        metadata = load()
         plan, moved, entries = _plan_and_fetch(
-            metadata, states_of, path, open_plugin, group.rank, config, strict, weights_only, session, bar
+            metadata, states_of, path, open_plugin, group.rank, config, strict, loader, session, bar
         )
     except Exception as exc:
+        mark_touched(exc, loader.may_have_written)
+        del loader  # this frame outlives drop_frames below: let the fresh tensors go with it
         if session is not None:
             session.abandon(exc)  # the other ranks wait for this one to agree on sharing: they raise there
         drop_frames(exc)  # the failed fetch's buffers and fresh tensors go now, not at the next collection
         raise
     loading_s = time.perf_counter()
-    for step in plan.steps:
-        step()
+    try:
+        for step in plan.steps:
+            step()
+    except Exception as exc:
+        mark_touched(exc, True)  # some load_state_dict() may have run, or run halfway
+        raise
     logger.debug("restore %s: load %.3f s", path, time.perf_counter() - loading_s)
     return plan.report, moved, entries
 
@@ -219,11 +196,10 @@ def _plan_and_fetch(
     rank: int,
     config: Config,
     strict: bool,
-    weights_only: bool,
+    loader: LeafLoader,
     session: ShareSession | None,
     bar: ByteProgress,
 ) -> tuple[RestorePlan, Transfer, int]:
-    loader = LeafLoader(weights_only=weights_only)
     view = rank_view(metadata, rank)
     keys = {escape_key(key) for key in states_of}
     entries = sum(1 for logical_path in view if logical_path.split("/", 1)[0] in keys)
@@ -242,7 +218,7 @@ def _plan_and_fetch(
         if session is None:
             moved = Transfer(_fetch(open_plugin, path, loader, config, bar))
         else:
-            moved = _fetch_shared(_open(open_plugin, path), loader, config, session, view, bar)
+            moved = _fetch_shared(open_store(open_plugin, path), loader, config, session, view, bar)
         logger.debug("restore %s: fetch %.3f s", path, time.perf_counter() - fetching_s)
         return plan, moved, entries
 
@@ -260,7 +236,8 @@ def _fetch_shared(
     try:
         probed_bytes = run_sync(check_extents(plugin, loader.claims, io_concurrency=config.io_concurrency))
         loader.allocate()
-        shared, rest = session.share(plugin, loader.reads, view)
+        shared, rest = session.share(plugin, loader.reads, view, on_agreed=loader.begin_fetch)
+        loader.begin_fetch()
         bar.set_total(sum(read.piece.nbytes for read in rest))  # the bar counts this rank's own reads
         own_bytes = run_sync(
             read_pieces(
@@ -275,6 +252,37 @@ def _fetch_shared(
         return Transfer(probed_bytes + shared.read_bytes + own_bytes, shared.received_bytes)
     finally:
         run_sync(plugin.close())
+
+
+def read_state_dict(
+    metadata: SnapshotMetadata,
+    key: str,
+    *,
+    path: str,
+    open_plugin: OpenPlugin,
+    rank: int,
+    config: Config,
+    weights_only: bool,
+) -> Any:
+    """The state dict saved for the ``app_state`` key ``key`` (not escaped), reading nothing else.
+
+    Raises:
+        AppStateKeyNotFoundError: this rank's view of the snapshot has no such key (the message
+            lists its keys and close matches), as ``restore`` raises for one; torchsnapshot
+            raised an ``AssertionError`` here, which this error also is.
+    """
+    root = escape_key(key)
+    view = rank_view(metadata, rank)
+    if root not in view:
+        saved_keys = sorted({unescape_key(logical.split("/", 1)[0]) for logical in view})
+        raise AppStateKeyNotFoundError(
+            f"app_state key {key!r} is not in the snapshot at {path!r} for rank {rank}, which sees "
+            f"{first_few(saved_keys, 10)}{close_matches(key, saved_keys)}. "
+            "Pass one of the keys the snapshot was taken with"
+        )
+    return read_object(
+        metadata, root, None, path=path, open_plugin=open_plugin, rank=rank, config=config, weights_only=weights_only
+    )
 
 
 def read_object(
@@ -313,6 +321,15 @@ def _read_object(
         )
     view, logical = _resolve_logical_path(metadata, logical_path, rank, path)
     entry = view[logical]
+    if obj_out is not None and not _is_tensor(obj_out):
+        # torchsnapshot's rule, kept for code written against it: such an obj_out is ignored.
+        logger.warning(
+            "read_object(%r): obj_out is a %s, not a tensor to load into; it is ignored and the stored value "
+            "returned (pass obj_out=None)",
+            logical_path,
+            type(obj_out).__name__,
+        )
+        obj_out = None
     if obj_out is not None:
         _check_obj_out(logical, entry, obj_out)
     loader = LeafLoader(weights_only=weights_only)
@@ -326,15 +343,14 @@ def _read_object(
     return inflate(logical, containers, {p: thunk() for p, thunk in thunks.items()})
 
 
-def _check_obj_out(logical_path: str, entry: Entry, obj_out: Any) -> None:
-    """Refuse an ``obj_out`` that read_object could not load into, before anything is read."""
+def _is_tensor(value: object) -> bool:
     import torch
 
-    if not isinstance(obj_out, torch.Tensor):
-        raise InvalidArgumentError(
-            f"obj_out must be a tensor to load {logical_path!r} into, got {type(obj_out).__name__}; "
-            "pass obj_out=None to get the stored value returned"
-        )
+    return isinstance(value, torch.Tensor)
+
+
+def _check_obj_out(logical_path: str, entry: Entry, obj_out: Any) -> None:
+    """Refuse a tensor ``obj_out`` that read_object could not load into, before anything is read."""
     if not isinstance(entry, (TensorEntry, ShardedTensorEntry)):
         raise StateMismatchError(
             f"cannot load {logical_path!r} into obj_out: the snapshot holds a {entry.kind} there, not a tensor. "

@@ -20,6 +20,7 @@ from snapshotkit._restore.bases import check_referenced
 from snapshotkit._restore.failures import storage_failure
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import gather_or_cancel, to_thread
+from snapshotkit._text import describe_paths
 from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError, UnsafeStorageObjectError
 from snapshotkit.storage import ByteRange, StoragePlugin
 
@@ -75,8 +76,7 @@ def _verify(read: PieceRead, data: memoryview, running: int = 0, *, final: bool 
 
 
 def _storage_failure(exc: BaseException, location: str, logical_paths: Iterable[str]) -> IntegrityError:
-    paths = sorted(set(logical_paths))
-    shown = ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    shown = describe_paths(logical_paths)
     if isinstance(exc, FileNotFoundError):
         return IntegrityError(
             f"data object {location!r} holding {shown} is missing; the snapshot is damaged. "

@@ -25,6 +25,7 @@ from typing import Any
 
 from snapshotkit._format.entries import ContainerEntry, DictEntry, Entry, ListEntry, join_path
 from snapshotkit._plan.flatten import Flattened, inflate
+from snapshotkit._text import first_few
 from snapshotkit.errors import StateMismatchError
 
 __all__ = ["RestoreReport"]
@@ -142,8 +143,8 @@ def check_keys(app_key: str, difference: KeyDifference, *, module: bool) -> None
     missing, unexpected = list(difference.missing), list(difference.unexpected)
     if module and (missing or unexpected):
         raise StateMismatchError(
-            f"the module app_state[{app_key!r}] does not match the snapshot: missing from the snapshot "
-            f"{_shown(missing)}, not in the module {_shown(unexpected)}. Pass strict=False to load the keys that match"
+            f"the module app_state[{app_key!r}] does not match the snapshot: missing from the snapshot: "
+            f"{_shown(missing)}; not in the module: {_shown(unexpected)}. Pass strict=False to load the keys that match"
         )
     if not module and missing:
         raise StateMismatchError(
@@ -155,7 +156,7 @@ def check_keys(app_key: str, difference: KeyDifference, *, module: bool) -> None
 
 
 def _shown(paths: list[str]) -> str:
-    return f"{paths[:_SHOWN]}{' ...' if len(paths) > _SHOWN else ''}"
+    return first_few(paths, _SHOWN) if paths else "none"
 
 
 def _children(path: str, entry: ContainerEntry | Entry) -> list[str]:

@@ -77,6 +77,21 @@ class LeafLoader:
         # same bytes share their first piece and nothing else.
         self._fresh: dict[tuple[Any, ...], _Slot] = {}
         self._in_place: set[tuple[Any, ...]] = set()
+        #: The CUDA devices whose caller's stream :meth:`_after_queued_work` synchronized.
+        self._synced_devices: set[int | None] = set()
+        #: Whether some read lands in the caller's own memory (an in-place destination).
+        self.writes_in_place = False
+        #: Set (:meth:`begin_fetch`) just before the first read may land anywhere.
+        self.fetch_started = False
+
+    def begin_fetch(self) -> None:
+        """Note that reads into the destinations may start now."""
+        self.fetch_started = True
+
+    @property
+    def may_have_written(self) -> bool:
+        """Whether a failure now may have left the caller's destinations partly overwritten."""
+        return self.fetch_started and self.writes_in_place
 
     def add(
         self, logical_path: str, entry: Entry, destination: Any = None, *, matches: bool | None = None
@@ -95,6 +110,13 @@ class LeafLoader:
             slot = _Slot()
             self._add_blob(logical_path, entry.piece, lambda obj: setattr(slot, "value", obj))
             return lambda: slot.value
+        if isinstance(destination, torch.Tensor):
+            if destination.is_cuda:  # a DTensor's device is its local tensor's
+                self._after_queued_work(destination.device)
+            elif is_sharded(destination):  # a ShardedTensor's device says nothing of its shards
+                for _, local in destination_boxes(destination) or ():
+                    if local.is_cuda:
+                        self._after_queued_work(local.device)
         if isinstance(entry, TensorEntry):
             if is_sharded(destination):
                 return self._add_tensor_into_shards(logical_path, entry, destination)
@@ -102,6 +124,18 @@ class LeafLoader:
         if isinstance(entry, ShardedTensorEntry):
             return self._add_sharded(logical_path, entry, destination)
         raise ManifestError(f"{logical_path!r} is a {entry.kind}, not a leaf")
+
+    def _after_queued_work(self, device: torch.device) -> None:
+        """Wait for the work queued on the caller's current stream of ``device`` (once per device).
+
+        Reads fill GPU destinations from worker threads, whose current stream is the device's
+        default stream: a kernel the caller queued on another stream and that still writes a
+        destination would otherwise land after the restored values. The fills themselves are
+        synchronous copies, so work queued after the restore sees the restored values.
+        """
+        if device.index not in self._synced_devices:
+            self._synced_devices.add(device.index)
+            torch.cuda.current_stream(device).synchronize()
 
     def allocate(self) -> None:
         """Allocate the new tensors planned so far and add their reads to :attr:`reads`.
@@ -154,6 +188,7 @@ class LeafLoader:
                     slot.value = loaded
 
             self._add_blob(logical_path, entry.pieces[0], receive)
+            self.writes_in_place = self.writes_in_place or in_place
             return lambda: slot.value
 
         dtype = dtype_from_name(entry.dtype)
@@ -175,6 +210,7 @@ class LeafLoader:
             key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
             if key not in self._in_place:
                 self._in_place.add(key)
+                self.writes_in_place = True
                 self._add_raw_reads(logical_path, entry, target, itemsize)
             return functools.partial(_identity, destination)
         fresh_key = (first, entry.dtype, entry.shape)
@@ -242,7 +278,7 @@ class LeafLoader:
             and destination.layout == torch.strided
         ):
             targets, result = [(whole, destination.detach())], destination
-        else:
+        else:  # a new tensor: nothing of the caller's is written
             slot = _Slot()
             self._fresh_bytes += entry.nbytes
             self._claim(logical_path, (p for shard in entry.shards for p in shard.pieces), fresh_tensor=True)
@@ -253,6 +289,7 @@ class LeafLoader:
 
             self._allocations.append(allocate)
             return lambda: slot.value
+        self.writes_in_place = True
         self._add_shard_reads(logical_path, entry, targets, dtype)
         return lambda: result
 

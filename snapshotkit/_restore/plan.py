@@ -18,7 +18,8 @@ from snapshotkit._format.entries import DictEntry, Entry, ListEntry, TensorEntry
 from snapshotkit._plan.flatten import Flattened, escape_key, flatten, inflate, join_path
 from snapshotkit._restore.partial import KeyDifference, RestoreReport, check_keys, compare, leaf_paths, merged_state
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
-from snapshotkit.errors import LogicalPathNotFoundError, StateMismatchError
+from snapshotkit._text import first_few
+from snapshotkit.errors import AppStateKeyNotFoundError, StateMismatchError
 from snapshotkit.stateful import RNGState, Stateful
 
 ContainerMap = dict[str, DictEntry | ListEntry]
@@ -83,13 +84,14 @@ def missing_key_hint(metadata: SnapshotMetadata, key: str, rank: int) -> str:
     )
     if not holders:
         return ""
+    ranks = first_few(holders, 8, show=str)
     if rank >= metadata.world_size:
         return (
-            f" It was saved per rank (not replicated) by ranks {holders[:8]} of the {metadata.world_size} that took "
+            f" It was saved per rank (not replicated) by ranks {ranks} of the {metadata.world_size} that took "
             f"the snapshot; rank {rank} did not exist then and has no state of its own. Pass replicated=[...] "
-            "when taking to make such state available to every rank, or leave it out of app_state on new ranks"
+            "when taking to make such state available to every rank, or leave it out of app_state on new ranks."
         )
-    return f" Ranks {holders[:8]} saved it, rank {rank} did not."
+    return f" Ranks {ranks} saved it, rank {rank} did not."
 
 
 def subtree(view: Mapping[str, Entry], root: str) -> tuple[ContainerMap, dict[str, Entry]]:
@@ -131,7 +133,7 @@ def plan_restore(
     """Plan loading every key of ``app_state``: the ``load_state_dict`` steps, RNG last, and the report.
 
     Raises:
-        LogicalPathNotFoundError: (strict) an app_state key is not in the snapshot.
+        AppStateKeyNotFoundError: (strict) an app_state key is not in the snapshot.
         StateMismatchError: (strict) keys or tensors differ (see :func:`~.partial.check_keys`).
     """
     saved_keys = sorted({path.split("/", 1)[0] for path in view})
@@ -144,7 +146,7 @@ def plan_restore(
         is_rng, is_module = isinstance(stateful, RNGState), isinstance(stateful, torch.nn.Module)
         if root not in view:
             if strict:
-                raise LogicalPathNotFoundError(
+                raise AppStateKeyNotFoundError(
                     f"app_state key {key!r} is not in the snapshot at {snapshot_path!r} for this rank, which sees "
                     f"{saved_keys}{close_matches(root, saved_keys)}.{hint(root) if hint else ''} Remove it from "
                     "app_state, restore those keys from a snapshot that has them, or pass strict=False to skip it"

@@ -35,7 +35,7 @@ import dataclasses
 import hashlib
 import logging
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from snapshotkit._config import Config
 from snapshotkit._dist import Group, describe_error, portable
@@ -130,11 +130,21 @@ class ShareSession:
                 logger.debug("rank %d could not report its failure: %s", self.group.rank, raised)
 
     def share(
-        self, plugin: StoragePlugin, reads: Sequence[PieceRead], view: Mapping[str, Entry]
+        self,
+        plugin: StoragePlugin,
+        reads: Sequence[PieceRead],
+        view: Mapping[str, Entry],
+        on_agreed: Callable[[], None] | None = None,
     ) -> tuple[Transfer, list[PieceRead]]:
-        """Fetch the pieces every rank wants, each read by one rank; the reads left to this rank alone."""
+        """Fetch the pieces every rank wants, each read by one rank; the reads left to this rank alone.
+
+        ``on_agreed()`` is called once every rank agreed, before anything is read or received (a
+        failure reported at the agreement left every destination as it was).
+        """
         wanted = self._candidates(reads, view)
         pieces = self._agree(wanted, page_cached=plugin.capabilities.host_page_cache)
+        if on_agreed is not None:
+            on_agreed()
         if not pieces:
             return Transfer(), list(reads)
         shared = {id(read) for piece in pieces for read in wanted[piece]}

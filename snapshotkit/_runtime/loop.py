@@ -127,6 +127,12 @@ class Spawned(Generic[T]):
     def result(self, timeout: float | None = None) -> T:
         return self.future.result(timeout)
 
+    @property
+    def settled(self) -> bool:
+        """Whether the coroutine itself finished (its clean-up included): after a :meth:`cancel`
+        that outlasted its bounded wait, it may still be running, and its effects still to come."""
+        return self._finished.is_set()
+
     def cancel(self) -> None:
         """Cancel the coroutine and wait (bounded) until its own clean-up has run."""
         if not self.future.done():

@@ -2,16 +2,29 @@
 
 IMPORTANT: the manifest is written last, with the plugin's exclusive write (fs: temporary file,
 fsync, hard link; object stores: a conditional PUT), by rank 0 only, and only after every rank
-reported that all its data objects were written. A take that fails or is interrupted before
-that deletes what it wrote; in any case no manifest exists, so nothing half-written opens.
+reported that all its data objects were written. So nothing half-written ever opens.
 
-The steps, through a :class:`~snapshotkit._dist.Rendezvous` (collectives for ``take``, the
-process group's store for ``async_take``'s background commit):
+The steps, through a :class:`~snapshotkit._take.rendezvous.Rendezvous` (collectives for
+``take``, the process group's store for ``async_take``'s background commit):
 
 1. every rank turns its plan and checksums into a :class:`~snapshotkit._plan.merge.RankResult`
-   (or reports its error) and rank 0 gathers them;
+   (or reports its error, an interrupt included) and rank 0 gathers them;
 2. rank 0 merges the manifest and writes it exclusively;
-3. rank 0's outcome reaches every rank, which raises if anything failed anywhere.
+3. rank 0's verdict (committed, aborted, unknown) reaches every rank, which raises if anything
+   failed anywhere.
+
+IMPORTANT: who may delete what (:class:`CommitState`). A committed manifest must always have its
+data, so once rank 0 *may* write a manifest referencing a rank's data objects, that rank deletes
+them only when it knows no manifest exists:
+
+* a rank that failed before or at step 1 (it reported an error, so rank 0 cannot commit) deletes;
+* a failure every rank saw in the same exchange at step 1 (collectives) means an abort: all delete;
+* rank 0, once its manifest write has started, deletes only if the write never took effect: it
+  was refused as a duplicate, or it failed and reading the manifest back finds none. A write
+  that failed after taking effect (a lost response, Ctrl-C just after it) is a commit;
+* every other rank deletes only on rank 0's explicit ``ABORTED`` verdict. A timeout, an
+  interrupt, or an ``UNKNOWN`` verdict keeps the data: if no manifest was written, the leftovers
+  are an incomplete snapshot, which ``SnapshotManager`` and ``snapshotkit cleanup`` remove.
 """
 
 from __future__ import annotations
@@ -19,12 +32,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from snapshotkit._dist import Rendezvous
+from snapshotkit._dist import RankOutcome, describe_error, rank_failed
 from snapshotkit._format.bases import new_snapshot_id
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME, Entry, format_version_for, pieces_of
@@ -33,11 +47,21 @@ from snapshotkit._plan.decide import Decision
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.merge import RankResult, finish_rank, merge_results
 from snapshotkit._plan.rank_plan import PendingObject, PendingTensor, TakePlan
-from snapshotkit._runtime.loop import run_sync
+from snapshotkit._runtime.loop import run_sync, spawn
+from snapshotkit._storage_failure import wrap_storage_failure
+from snapshotkit._take.rendezvous import Outcome, Rendezvous, Verdict
 from snapshotkit._take.reuse import referenced_bases
+from snapshotkit._text import first_few
 from snapshotkit._version import __version__
-from snapshotkit.errors import SnapshotExistsError, SnapshotkitError, StorageError
+from snapshotkit.errors import (
+    CollectiveTimeoutError,
+    CommitOutcomeUnknownError,
+    SnapshotExistsError,
+)
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
+
+logger = logging.getLogger("snapshotkit.take")
+_NOTHING_COMMITTED = "nothing was committed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,28 +92,22 @@ def storage_error(
 ) -> BaseException:
     """The error a take raises for ``exc``, which a storage call (``action`` ``location``) raised.
 
-    The one place the take side wraps storage failures: any exception a plugin raises becomes a
-    :class:`StorageError` naming the path, the location and the logical paths stored there, with
-    ``exc`` as the cause; a ``StorageError`` the plugin raised itself keeps its class and gains the
-    same context. Snapshotkit's other errors, and interrupts, pass unchanged.
+    The one place the take side wraps storage failures (:func:`~snapshotkit._storage_failure.wrap_storage_failure`,
+    shared with the restore side): any exception a plugin raises becomes a :class:`StorageError`
+    naming the path, the location and the logical paths stored there, with ``exc`` as the cause; a
+    ``StorageError`` the plugin raised itself keeps its class and gains the same context.
+    Snapshotkit's other errors, and interrupts, pass unchanged.
     """
-    if not isinstance(exc, Exception) or (isinstance(exc, SnapshotkitError) and not isinstance(exc, StorageError)):
-        return exc
-    paths = sorted(set(logical_paths))
-    holding = ", ".join(repr(p) for p in paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-    target = f"{location!r} of the snapshot at {path!r}" if location is not None else f"the storage at {path!r}"
-    what = f"{action} {target}" + (f" (holding {holding})" if holding else "")
-    detail = str(exc) if isinstance(exc, StorageError) else f"{type(exc).__name__}: {exc}"
-    message = (
-        f"{what} failed: {detail}. Nothing was committed; check the path, permissions and free space "
-        "(and that the store is reachable), then take again"
+    return wrap_storage_failure(
+        exc,
+        action=action,
+        advice="Nothing was committed; check the path, permissions and free space (and that the store is "
+        "reachable), then take again",
+        location=location,
+        path=path,
+        logical_paths=logical_paths,
+        whole="the storage",
     )
-    error: BaseException = StorageError(message)
-    if isinstance(exc, StorageError):
-        with contextlib.suppress(TypeError):  # a subclass with another constructor keeps StorageError
-            error = type(exc)(message)
-    error.__cause__ = exc
-    return error
 
 
 def logical_paths_in(plan: TakePlan, data_object: DataObjectPlan) -> list[str]:
@@ -127,6 +145,23 @@ def build_metadata(
     )
 
 
+@dataclasses.dataclass
+class CommitState:
+    """How far this rank got in the protocol, which decides whether its data objects may go.
+
+    ``may_delete`` starts true; it turns false once a manifest may reference this rank's data
+    (it reported success to rank 0; on rank 0, the manifest write started) and true again only
+    when it is known that no manifest exists (module docstring).
+    """
+
+    may_delete: bool = True
+    #: Why the data stays, when it does (for the WARNING that says so).
+    kept_because: str = ""
+
+    def keep(self, because: str) -> None:
+        self.may_delete, self.kept_because = False, because
+
+
 def _plugin(commit: CommitPlan) -> StoragePlugin:
     return open_storage_plugin(commit.path, dict(commit.storage_options))
 
@@ -152,28 +187,64 @@ async def write_manifest(plugin: StoragePlugin, document: bytes, path: str, *, w
         raise storage_error(exc, path, location=METADATA_FILENAME)  # noqa: B904 - the cause is set
 
 
-async def _write_manifest_and_close(plugin: StoragePlugin, document: bytes, path: str) -> None:
+async def _write_manifest_and_close(commit: CommitPlan, document: bytes) -> None:
+    plugin = _plugin(commit)
     try:
-        await write_manifest(plugin, document, path)
+        await write_manifest(plugin, document, commit.path)
     finally:
         await plugin.close()
 
 
-def discard(commit: CommitPlan, locations: Sequence[str]) -> None:
-    """Best-effort deletion of the data objects this rank wrote (the take's own error matters more)."""
-    if not locations:
-        return
+async def _read_manifest(commit: CommitPlan) -> bytes | None:
+    plugin = _plugin(commit)
+    try:
+        return bytes(await plugin.read(METADATA_FILENAME))
+    except FileNotFoundError:
+        return None
+    finally:
+        await plugin.close()
 
-    async def run() -> None:
-        plugin = _plugin(commit)
+
+def _commit_manifest(commit: CommitPlan, document: bytes) -> tuple[Outcome, BaseException | None]:
+    """Rank 0's step 2: write the manifest and say whether it is there, with the failure (if any).
+
+    A write that raised (or was interrupted) is stopped and waited for, then the manifest is read
+    back (also after a refusal as a duplicate: a retried write may have been refused by its own
+    earlier attempt): ours there is a commit, nothing (or another take's) an abort, and a write
+    that would not stop, or a store that cannot be read, leaves the outcome unknown.
+    """
+    spawned = spawn(_write_manifest_and_close(commit, document))
+    try:
+        spawned.result()
+    except BaseException as exc:
+        spawned.cancel()  # an interrupt of this thread: stop the write, and wait until it stopped
+        if not spawned.settled:
+            return Outcome.UNKNOWN, exc
         try:
-            with contextlib.suppress(Exception):
-                await plugin.discard(locations)
-        finally:
-            await plugin.close()
+            stored = run_sync(_read_manifest(commit))
+        except BaseException:
+            return Outcome.UNKNOWN, exc
+        return (Outcome.COMMITTED if stored == document else Outcome.ABORTED), exc
+    return Outcome.COMMITTED, None
 
-    with contextlib.suppress(Exception):
-        run_sync(run())
+
+def _outcome_unknown(path: str, detail: str, *, rank: int) -> CommitOutcomeUnknownError:
+    who = "this rank" if rank == 0 else "rank 0"
+    return CommitOutcomeUnknownError(
+        f"the manifest write of the snapshot at {path!r} failed ({detail}) and {who} could not tell whether it was "
+        f"committed, so every rank kept its data objects. Open {path!r} to see whether the snapshot exists; if it "
+        "does not, SnapshotManager or `snapshotkit cleanup` removes the leftovers"
+    )
+
+
+def _kept_after_timeout(exc: CollectiveTimeoutError, path: str) -> CollectiveTimeoutError:
+    error = CollectiveTimeoutError(
+        f"{exc} Whether rank 0 committed the snapshot at {path!r} is unknown, so this rank's data objects were "
+        "kept: open the path to see whether it exists; if it does not, SnapshotManager or `snapshotkit cleanup` "
+        "removes the leftovers"
+    )
+    error.__cause__ = exc.__cause__
+    return error
 
 
 def run_commit(
@@ -184,26 +255,147 @@ def run_commit(
     pieces: Mapping[PieceSlot, Piece],
     error: BaseException | None,
     steps: tuple[str, str],
+    state: CommitState,
 ) -> SnapshotMetadata | None:
     """Run the commit protocol (module docstring); rank 0 returns the committed metadata.
 
-    ``error`` is this rank's failure so far (staging or writing), ``steps`` name the two
-    rendezvous steps in errors. Raises on every rank if anything failed on any rank.
+    ``error`` is this rank's failure so far (staging, writing, an interrupt while waiting),
+    ``steps`` name the two rendezvous steps in errors, ``state`` tells the caller afterwards
+    whether this rank's data objects may be deleted. Raises on every rank if anything failed on
+    any rank (an interrupt is re-raised as itself).
     """
     result: RankResult | None = None
     if error is None:
-        result = finish_rank(commit.plan, pieces)
-    results = rendezvous.gather(result, error, steps[0])
-    metadata: SnapshotMetadata | None = None
-    commit_error: BaseException | None = None
-    if rank == 0:
-        assert results is not None
         try:
-            manifest = merge_results(results, commit.decision, commit.layouts)
-            metadata = build_metadata(manifest, commit.world_size, commit.user_metadata, commit.base_ids)
-            document = metadata.to_bytes()
-            run_sync(_write_manifest_and_close(_plugin(commit), document, commit.path))
-        except Exception as exc:
-            commit_error = exc
-    rendezvous.settle(commit_error, steps[1])
-    return metadata
+            result = finish_rank(commit.plan, pieces)
+        except BaseException as exc:  # an interrupt included: reported to the other ranks first
+            error = exc
+    if rank != 0 and error is None:  # from here rank 0 may commit a manifest referencing this rank's data
+        state.keep("rank 0 may have committed a manifest that references them")
+    try:
+        gathered = rendezvous.gather(result, error, steps[0])
+    except BaseException as exc:
+        if rank == 0 and rendezvous.publishes_after_interrupt:
+            with contextlib.suppress(Exception):
+                rendezvous.settle(Verdict.of(Outcome.ABORTED, error or exc), steps[1])
+        if isinstance(exc, CollectiveTimeoutError) and not state.may_delete:
+            raise _kept_after_timeout(exc, commit.path) from exc.__cause__
+        if error is not None and isinstance(exc, Exception):
+            raise error from None
+        raise
+    if error is not None or gathered.failed:
+        failure = error if error is not None else rank_failed(steps[0], gathered.failed, _NOTHING_COMMITTED)
+        if gathered.shared:  # every rank saw the failure: nobody commits
+            state.may_delete = True
+        elif rank == 0:
+            failing_rank, outcome = gathered.failed[0]
+            verdict = Verdict(Outcome.ABORTED, failing_rank, outcome.error, outcome.error_text)
+            with contextlib.suppress(Exception):
+                rendezvous.settle(verdict, steps[1])
+        raise failure
+    if rank == 0:
+        assert gathered.values is not None
+        return _commit_as_rank_0(commit, rendezvous, gathered.values, steps[1], state)
+    try:
+        verdict = rendezvous.settle(None, steps[1])
+    except CollectiveTimeoutError as exc:
+        raise _kept_after_timeout(exc, commit.path) from exc.__cause__
+    if verdict.outcome is Outcome.COMMITTED:
+        return None
+    if verdict.outcome is Outcome.ABORTED:
+        state.may_delete = True
+        raise rank_failed(steps[1], [(verdict.failing_rank, _as_rank_outcome(verdict))], _NOTHING_COMMITTED)
+    raise _outcome_unknown(commit.path, verdict.error_text, rank=rank) from verdict.error
+
+
+def _as_rank_outcome(verdict: Verdict) -> RankOutcome:
+    return RankOutcome(None, verdict.error, verdict.error_text)
+
+
+def _commit_as_rank_0(
+    commit: CommitPlan, rendezvous: Rendezvous, results: Sequence[Any], what: str, state: CommitState
+) -> SnapshotMetadata:
+    """Rank 0's steps 2 and 3: merge and write the manifest, then publish the verdict."""
+    metadata: SnapshotMetadata | None = None
+    failure: BaseException | None
+    try:
+        manifest = merge_results(list(results), commit.decision, commit.layouts)
+        metadata = build_metadata(manifest, commit.world_size, commit.user_metadata, commit.base_ids)
+        document = metadata.to_bytes()
+    except BaseException as exc:  # nothing was written
+        outcome, failure = Outcome.ABORTED, exc
+    else:
+        state.keep("the manifest write had started")
+        outcome, failure = _commit_manifest(commit, document)
+    if outcome is Outcome.ABORTED:
+        state.may_delete = True
+    else:
+        state.keep(
+            "the snapshot was committed" if outcome is Outcome.COMMITTED else "its manifest may have been written"
+        )
+    try:
+        rendezvous.settle(Verdict.of(outcome, failure), what)
+    except BaseException as exc:
+        if failure is None and outcome is Outcome.COMMITTED and isinstance(exc, Exception):
+            logger.warning("committed the snapshot at %s, but the other ranks could not be told: %s", commit.path, exc)
+        elif failure is None:
+            failure = exc
+    if outcome is Outcome.COMMITTED:
+        assert metadata is not None
+        if failure is not None and not isinstance(failure, Exception):
+            raise failure  # an interrupt: the snapshot is committed all the same
+        if failure is not None:
+            logger.warning(
+                "the manifest of the snapshot at %s was written (read back intact), although the store reported "
+                "an error: %s; the snapshot is committed",
+                commit.path,
+                describe_error(failure.__cause__ or failure),
+            )
+        return metadata
+    assert failure is not None
+    if outcome is Outcome.UNKNOWN and isinstance(failure, Exception):
+        raise _outcome_unknown(commit.path, str(failure), rank=0) from failure
+    raise failure
+
+
+def discard(commit: CommitPlan, locations: Sequence[str]) -> None:
+    """Delete the data objects this rank wrote, for a take that did not commit.
+
+    The take's own error matters more: a failure here is not raised but logged as a WARNING that
+    names what was left (an incomplete snapshot's leftovers, which SnapshotManager and
+    ``snapshotkit cleanup`` remove).
+    """
+    if not locations:
+        return
+
+    async def run() -> None:
+        plugin = _plugin(commit)
+        try:
+            await plugin.discard(locations)
+        finally:
+            await plugin.close()
+
+    try:
+        run_sync(run())
+    except BaseException as exc:
+        logger.warning(
+            "could not delete the data objects a failed take wrote under %s (of the %d it started: %s): %s: %s. "
+            "What was written is left as an incomplete snapshot; SnapshotManager or `snapshotkit cleanup` removes it",
+            commit.path,
+            len(locations),
+            first_few(list(locations), show=str),
+            type(exc).__name__,
+            exc,
+        )
+
+
+def keep(commit: CommitPlan, locations: Sequence[str], error: BaseException, because: str) -> None:
+    """Log that a failed take kept its data objects, and ``because`` of what."""
+    if locations:
+        logger.warning(
+            "kept the %d data object(s) this rank wrote under %s although the take raised %s: %s",
+            len(locations),
+            commit.path,
+            type(error).__name__,
+            because,
+        )

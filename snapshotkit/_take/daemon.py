@@ -20,6 +20,7 @@ slot, in order: :func:`~snapshotkit._take.reuse.decide`, then
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import multiprocessing.connection
 import sys
@@ -34,6 +35,7 @@ from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._take.reuse import ReuseIndex, decide
 from snapshotkit._take.writers import plugin_key
 from snapshotkit.storage import StoragePlugin, open_storage_plugin, register_storage_plugin
+from snapshotkit.storage._registry import split_uri
 
 
 def serve(connection: multiprocessing.connection.Connection) -> None:
@@ -45,6 +47,7 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
         register_storage_plugin(scheme, factory)
     loop = asyncio.new_event_loop()
     plugins: dict[tuple[str, str], StoragePlugin] = {}
+    retired: list[StoragePlugin] = []
     segments: dict[str, shared_memory.SharedMemory] = {}
     slots: dict[int, asyncio.Semaphore] = {}
     send_lock = threading.Lock()
@@ -108,6 +111,20 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
             view.release()
         return written
 
+    async def close_segment(segment: shared_memory.SharedMemory) -> None:
+        # On the loop, after the writes that used it (they finished before the trainer freed it).
+        try:
+            segment.close()
+        except BufferError:  # views only reference cycles still hold (a failed write's frames)
+            gc.collect()
+            with contextlib.suppress(BufferError):
+                segment.close()
+
+    def retire(scheme: str) -> None:
+        """Stop reusing the plugins of a scheme registered anew (a write may still use one: closed at exit)."""
+        for key in [key for key in plugins if split_uri(key[0])[0] == scheme]:
+            retired.append(plugins.pop(key))
+
     def receive() -> None:
         while True:
             try:
@@ -116,17 +133,22 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
                 break
             if message[0] == "stop":
                 break
-            if message[0] == "release":
+            if message[0] == "register":  # plugins registered in the trainer after this daemon started
+                for scheme, factory in message[1].items():
+                    register_storage_plugin(scheme, factory)
+                    loop.call_soon_threadsafe(retire, scheme.lower())  # on the loop, before the next write
+                continue
+            if message[0] == "release":  # the trainer freed a pooled segment: unmap it
                 segment = segments.pop(message[1], None)
                 if segment is not None:
-                    segment.close()
+                    asyncio.run_coroutine_threadsafe(close_segment(segment), loop)
                 continue
             asyncio.run_coroutine_threadsafe(write(*message[1:]), loop)
         loop.call_soon_threadsafe(loop.stop)
 
     threading.Thread(target=receive, name="snapshotkit-daemon-reader", daemon=True).start()
     loop.run_forever()
-    for plugin in plugins.values():
+    for plugin in [*plugins.values(), *retired]:
         loop.run_until_complete(plugin.close())
     gc.collect()  # views of the segments that only reference cycles still hold
     for segment in segments.values():

@@ -9,152 +9,50 @@ waiting and the commit on the caller's thread (collectives for the rendezvous), 
 done while a coordinator thread waits for the writes and commits (the process group's store for
 the rendezvous: no collective runs off the main thread).
 
-IMPORTANT: whatever fails or is interrupted (staging, a write, another rank, the commit), every
-data object this rank wrote is deleted and no manifest is written (:mod:`~snapshotkit._take.commit`).
+IMPORTANT: whatever fails or is interrupted (staging, a write, another rank, the commit), no
+manifest referencing missing data is ever left: every data object this rank wrote is deleted
+when it is known that no manifest exists, and kept otherwise (:mod:`~snapshotkit._take.commit`).
 
 Every take reports itself (:mod:`snapshotkit._events`, logger ``snapshotkit.take``), on each rank:
 ``take_started`` before anything is read; ``take_staged`` once the data is staged (``async_take``:
 when it returns; ``take``: once the data objects are written, before the commit); then exactly
 one of ``take_committed`` (and an INFO line, with the caller's blocked time for ``async_take``)
-and ``take_failed``, from :meth:`TakeJob._finish`, which runs on the coordinator thread for
-``async_take``: so the step is captured at the start. DEBUG lines time each phase: plan, stage
+and ``take_failed``, from :meth:`~snapshotkit._take.job.TakeJob._finish`, which runs on the
+coordinator thread for ``async_take``: so the step is captured at the start. DEBUG lines time each phase: plan, stage
 (``take``'s inline writer writes while staging), write, commit. ``progress=True``: a bar of the
 bytes written (:mod:`snapshotkit._runtime.progress`).
 """
 
 from __future__ import annotations
 
-import atexit
+import collections
 import dataclasses
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from snapshotkit._config import Config
-from snapshotkit._dist import CollectiveRendezvous, Group, Rendezvous, StoreRendezvous
-from snapshotkit._events import current_step, emit, format_bytes, transfer_summary
+from snapshotkit._dist import Group
+from snapshotkit._events import current_step, emit
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.rank_plan import TakePlan
-from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.progress import ByteProgress
-from snapshotkit._take.commit import CommitPlan, discard, logical_paths_in, run_commit, storage_error
-from snapshotkit._take.prepare import LoadBase, PreparedTake, prepare_take
+from snapshotkit._runtime.staging import StagingBudget, staging_budget
+from snapshotkit._take.commit import CommitPlan, CommitState, discard, keep, logical_paths_in, run_commit, storage_error
+from snapshotkit._take.executors import background_writer
+from snapshotkit._take.job import TakeJob
+from snapshotkit._take.prepare import LoadBase, PreparedTake, prepare_take, refuse_process_local
+from snapshotkit._take.rendezvous import CollectiveRendezvous, Rendezvous, StoreRendezvous
 from snapshotkit._take.stage import StagedObject
-from snapshotkit._take.writers import InlineWriter, Target, WriteJob, Writer, background_writer, shutdown_writers
-from snapshotkit.errors import WaitTimeoutError
+from snapshotkit._take.writers import InlineWriter, Target, WriteJob, Writer
 from snapshotkit.storage import open_storage_plugin
 
 logger = logging.getLogger("snapshotkit.take")
-
-_pending: weakref.WeakSet[TakeJob] = weakref.WeakSet()
-#: Background takes that failed and whose error no ``wait()`` raised yet (logged at exit).
-_unseen_failures: set[TakeJob] = set()
-
-
-class TakeJob:
-    """A take in progress: :meth:`wait` returns rank 0's committed metadata (None on other ranks).
-
-    Args:
-        path: rank 0's path, which every rank writes to.
-        rank: this rank, and ``world_size`` ranks in all (for events and the log line).
-        nbytes: the bytes this rank stages and writes.
-        entries: the manifest entries this rank writes.
-        progress: the bar the written bytes are counted into (closed when the take ends).
-        step: the step the take's events carry (captured on the caller's thread).
-        started_s: when the take started (``time.perf_counter()``; default: now).
-    """
-
-    def __init__(
-        self,
-        path: str,
-        *,
-        rank: int = 0,
-        world_size: int = 1,
-        nbytes: int = 0,
-        entries: int = 0,
-        progress: ByteProgress | None = None,
-        step: int | None = None,
-        started_s: float | None = None,
-    ) -> None:
-        self.path = path
-        self.entries = entries
-        self.progress = progress if progress is not None else ByteProgress(path, enabled=False)
-        #: ``async_take``: how long the caller was blocked (staging); None for ``take``.
-        self.blocked_s: float | None = None
-        self.rank = rank
-        self.world_size = world_size
-        self.nbytes = nbytes
-        self.step = step
-        self.referenced_bytes = 0
-        #: Written by a background writer (``async_take``): a failure is also logged as a warning.
-        self.background = False
-        self.started_s = time.perf_counter() if started_s is None else started_s
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self._metadata: SnapshotMetadata | None = None
-        _pending.add(self)
-
-    def done(self) -> bool:
-        """Whether the take finished (committed, or failed)."""
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> SnapshotMetadata | None:
-        """Block until the take is committed; raise what went wrong.
-
-        Raises:
-            WaitTimeoutError: ``timeout`` seconds passed first; the take goes on.
-        """
-        if not self._done.wait(timeout):
-            raise WaitTimeoutError(
-                f"the snapshot at {self.path!r} is still being written after {timeout} s; nothing was lost: "
-                "call wait() again, or check done()"
-            )
-        if self._error is not None:
-            _unseen_failures.discard(self)
-            raise self._error
-        return self._metadata
-
-    def _staged(self) -> None:
-        """Report that this rank's data is staged (``take_staged``)."""
-        seconds = time.perf_counter() - self.started_s
-        emit("take_staged", path=self.path, rank=self.rank, nbytes=self.nbytes, seconds=seconds, step=self.step)
-
-    def _finish(self, error: BaseException | None, metadata: SnapshotMetadata | None = None) -> None:
-        """Settle the take: report how it ended, then wake :meth:`wait` (so a caller that waited
-        has seen the take's last event)."""
-        try:
-            self.progress.close()
-            seconds = time.perf_counter() - self.started_s
-            if error is not None:
-                emit("take_failed", path=self.path, rank=self.rank, seconds=seconds, error=error, step=self.step)
-                if self.background:  # reported at interpreter exit unless wait() raises it first
-                    _unseen_failures.add(self)
-            else:
-                where = f"rank {self.rank} of {self.world_size}"
-                if self.referenced_bytes:
-                    where += f", {format_bytes(self.referenced_bytes)} referenced in base snapshots"
-                if self.blocked_s is not None:
-                    where += f", caller blocked {self.blocked_s:.2f} s"
-                moved = transfer_summary(self.nbytes, seconds)
-                logger.info("took snapshot %s: %d entries, %s, %s", self.path, self.entries, moved, where)
-                emit(
-                    "take_committed",
-                    path=self.path,
-                    rank=self.rank,
-                    nbytes=self.nbytes,
-                    seconds=seconds,
-                    step=self.step,
-                    referenced_bytes=self.referenced_bytes,
-                )
-        finally:
-            self._error, self._metadata = error, metadata
-            self._done.set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +117,8 @@ def async_take(
     progress: bool = False,
 ) -> TakeJob:
     """Stage and return; a background writer writes and a coordinator thread commits."""
+    if executor == "process":  # before the daemon starts or anything is read or written
+        refuse_process_local(path, storage_options, caller='async_take(executor="process")')
     writer = background_writer(executor, config.background_niceness)
     return start_take(
         path,
@@ -362,30 +262,34 @@ def _stage_and_submit(
 ) -> tuple[list[_Submitted], BaseException | None]:
     """Stage every data object under the memory budget and hand it to ``writer``.
 
-    A writer that defers writes gets its staged objects when staging would otherwise wait for
-    the budget, or at the end. Returns what was submitted and the error that stopped staging.
+    The budget is the process's one staging budget (:mod:`snapshotkit._runtime.staging`), shared
+    with every other take in flight: staging waits for bytes their writes give back as it waits
+    for its own. A writer that defers writes gets its staged objects when staging would otherwise
+    wait for the budget, or at the end. Returns what was submitted and the error that stopped staging.
     """
     payloads = prepared.local.payloads
-    budget = MemoryBudget(config.memory_budget_bytes)
+    budget = staging_budget()
+    budget_bytes = config.memory_budget_bytes
     io_slots = writer.io_slots(config.io_concurrency)
     submitted: list[_Submitted] = []
-    staged: list[tuple[StagedObject, int]] = []
+    staged: collections.deque[tuple[StagedObject, int]] = collections.deque()
 
     def submit_staged() -> None:
-        for item, cost in staged:
+        while staged:
+            item, cost = staged[0]
             job = writer.submit(target, item, io_slots)
+            staged.popleft()  # from here on its write gives its buffer and its bytes back
             job.future.add_done_callback(_releaser(writer, budget, item, cost))
             if progress.enabled:
                 job.future.add_done_callback(lambda _, nbytes=item.plan.nbytes: progress.advance(nbytes))
             submitted.append(_Submitted(item.plan, job))
-        staged.clear()
 
     try:
         for plan in prepared.plan.data_objects:
             cost = writer.staging_cost(plan, payloads)
-            if staged and not budget.fits(cost):
-                submit_staged()
-            budget.take(cost)
+            if not budget.try_take(cost, budget_bytes, writer.pool):
+                submit_staged()  # never wait for room with staged objects nobody will write
+                budget.take(cost, budget_bytes, writer.pool)
             try:
                 staged.append((writer.stage(plan, payloads), cost))
             except BaseException:
@@ -402,7 +306,7 @@ def _stage_and_submit(
     return submitted, None
 
 
-def _releaser(writer: Writer, budget: MemoryBudget, staged: StagedObject, cost: int) -> Any:
+def _releaser(writer: Writer, budget: StagingBudget, staged: StagedObject, cost: int) -> Any:
     """Once a staged object is written: return its buffer to the writer and its bytes to the budget."""
 
     def release(_: Any) -> None:
@@ -454,46 +358,31 @@ def _finish(
     rank: int,
     steps: tuple[str, str],
 ) -> None:
-    """Wait for this rank's writes, then commit; on any failure delete what this rank wrote."""
+    """Wait for this rank's writes, then commit; on a failure delete what this rank wrote if no
+    manifest can reference it (:class:`~snapshotkit._take.commit.CommitState`), else keep it."""
+    state = CommitState()
     try:
         waiting_s = time.perf_counter()
-        pieces, error = _wait_for_writes(submitted, error, commit.path, commit.plan)
+        try:
+            pieces, error = _wait_for_writes(submitted, error, commit.path, commit.plan)
+        except BaseException as exc:  # interrupted while waiting: the other ranks still hear of it
+            pieces, error = {}, exc
         committing_s = time.perf_counter()
         logger.debug("take %s: write %.3f s", job.path, committing_s - waiting_s)
         job.referenced_bytes = sum(piece.nbytes for piece in pieces.values() if piece.base is not None)
         job.nbytes -= job.referenced_bytes  # the bytes written (padding aside)
         if error is None and isinstance(writer, InlineWriter):
             job._staged()  # zero-copy staging: the data is staged once it is written
-        metadata = run_commit(commit, rendezvous, rank=rank, pieces=pieces, error=error, steps=steps)
+        metadata = run_commit(commit, rendezvous, rank=rank, pieces=pieces, error=error, steps=steps, state=state)
         logger.debug("take %s: commit %.3f s", job.path, time.perf_counter() - committing_s)
     except BaseException as exc:
-        discard(commit, [item.plan.location for item in submitted])
+        locations = [item.plan.location for item in submitted]
+        if state.may_delete:
+            discard(commit, locations)
+        else:
+            keep(commit, locations, exc, state.kept_because)
         job._finish(exc)
     else:
         job._finish(None, metadata)
     finally:
         writer.release(target)
-
-
-def _wait_for_pending() -> None:
-    for pending in list(_pending):
-        pending._done.wait()
-
-
-def _wait_for_pending_at_exit() -> None:
-    """At interpreter exit, finish what is pending (or let it fail): never leave a half take; and say
-    which background takes failed without anyone seeing it (nothing was committed for them)."""
-    _wait_for_pending()
-    shutdown_writers()
-    for job in list(_unseen_failures):
-        logger.warning("async_take of %s failed, nothing was committed: %s", job.path, job._error)
-    _unseen_failures.clear()
-
-
-# Interpreter exit first runs threading's exit hooks, newest first: concurrent.futures' hook
-# stops every thread pool (including the I/O loop's), so pending snapshots must finish before
-# it. Registered after concurrent.futures was imported, this hook runs before that one.
-_register_threading_atexit = getattr(threading, "_register_atexit", None)
-if _register_threading_atexit is not None:
-    _register_threading_atexit(_wait_for_pending)
-atexit.register(_wait_for_pending_at_exit)

@@ -37,8 +37,10 @@ from snapshotkit._take.collect import (
 )
 from snapshotkit._take.commit import storage_error
 from snapshotkit._take.reuse import ReuseIndex, build_reuse_index
-from snapshotkit.errors import SnapshotExistsError, SnapshotkitError
-from snapshotkit.storage import StoragePlugin
+from snapshotkit._text import first_few
+from snapshotkit.errors import ConfigError, SnapshotExistsError, SnapshotkitError
+from snapshotkit.storage import StoragePlugin, url_to_storage_plugin
+from snapshotkit.storage._registry import split_uri
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +117,7 @@ def prepare_take(
         prepare = check_tensor_prepare_func(tensor_prepare_func)
         states_of = validate_app_state(app_state)
         if group.rank == 0 and open_plugin is not None:
-            run_sync(_refuse_existing_and_close(_open(open_plugin, path), path))
+            run_sync(_refuse_existing_and_close(_open(open_plugin, path), path, group.world_size))
         if load_base is not None:
             base_path, base, intact = load_base()
             reuse = build_reuse_index(path, base_path, base, config.min_reference_bytes, intact)
@@ -151,7 +153,9 @@ def prepare_take(
                 info = rank_info(local, path, patterns, take_id)
             except Exception as exc:
                 error = exc
-        infos: list[RankInfo] = group.exchange(info, error, f"{what}: describing each rank's state")
+        infos: list[RankInfo] = group.exchange(
+            info, error, f"{what}: describing each rank's state", "nothing was written"
+        )
         assert local is not None
         take_path = infos[0].path
         with gc_paused():
@@ -217,11 +221,42 @@ async def refuse_existing(plugin: StoragePlugin, path: str, *, writer: str = "ta
         )
 
 
-async def _refuse_existing_and_close(plugin: StoragePlugin, path: str) -> None:
+async def _refuse_existing_and_close(plugin: StoragePlugin, path: str, world_size: int) -> None:
     try:
+        if world_size > 1 and plugin.capabilities.process_local:
+            raise ConfigError(
+                f"{path!r} is a process-local store ({_scheme(path)}): with {world_size} ranks, each rank's data "
+                "objects would stay in its own process's memory and the snapshot could not be restored. "
+                "Take it to a store every rank reaches (a shared file system path, s3://, gs://)"
+            )
         await refuse_existing(plugin, path)
     finally:
         await plugin.close()
+
+
+def refuse_process_local(path: str, storage_options: Mapping[str, Any], *, caller: str) -> None:
+    """Raise before anything is written if ``path`` is a process-local store (``memory://``):
+    the checkpoint daemon of ``executor="process"`` would write into its own memory and the
+    committed snapshot would point at nothing. ``caller`` names the argument that asked for it.
+
+    Raises:
+        ConfigError: it is; the message says to use ``executor="thread"``.
+    """
+    plugin = url_to_storage_plugin(path, storage_options)
+    try:
+        local = plugin.capabilities.process_local
+    finally:
+        run_sync(plugin.close())
+    if local:
+        raise ConfigError(
+            f"{caller} cannot write to {path!r}: it is a process-local store ({_scheme(path)}) and the "
+            "checkpoint daemon is another process, whose writes would land in its own memory, so the "
+            'snapshot would point at nothing. Use executor="thread" (or a store every process reaches)'
+        )
+
+
+def _scheme(path: str) -> str:
+    return f"{split_uri(path)[0]}://"
 
 
 def _warn_about_paths(infos: Sequence[RankInfo]) -> None:
@@ -235,7 +270,9 @@ def _warn_about_paths(infos: Sequence[RankInfo]) -> None:
 
 def _warn_about_differences(decision: Decision) -> None:
     if decision.differing:
-        shown = ", ".join(f"{p!r} (ranks {list(r[:4])})" for p, r in sorted(decision.differing.items())[:5])
+        shown = first_few(
+            sorted(decision.differing.items()), show=lambda item: f"{item[0]!r} (ranks {list(item[1][:4])})"
+        )
         warnings.warn(
             f"{len(decision.differing)} path(s) match replicated= patterns but differ between ranks, e.g. {shown}; "
             "they are stored per rank instead",

@@ -1,6 +1,7 @@
 """The writer of ``async_take(executor="process")``: a checkpoint daemon fed through shared memory.
 
-Staged objects are copied into pooled shared-memory segments (reused between snapshots); only
+Staged objects are copied into pooled shared-memory segments (reused between snapshots; pinned
+once they stage a GPU piece, whose copies then run on a side stream as the thread writer's do); only
 small control messages cross the socket to the daemon (:mod:`snapshotkit._take.daemon`), which
 checksums and writes them with the same storage plugins, so checksumming and storage calls
 never hold the trainer's GIL. The daemon is started on first use, reused, and replaced when it
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import multiprocessing.connection
 import os
 import pickle
@@ -25,8 +27,10 @@ from typing import Any
 from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import DataObjectPlan
 from snapshotkit._plan.leaves import Payload
+from snapshotkit._runtime.staging import BufferPool, staging_budget
+from snapshotkit._take.gpu_copy import GpuCopies, cuda_devices
 from snapshotkit._take.stage import StagedObject, stage_into
-from snapshotkit._take.writers import PooledBuffers, Target, WriteJob, bucket_bytes
+from snapshotkit._take.writers import Target, WriteJob, bucket_bytes
 from snapshotkit.errors import CheckpointDaemonError, StorageError
 
 #: Bytes written at a time when faulting in a new segment's pages.
@@ -46,6 +50,12 @@ main()
 """
 
 
+def _address(segment: shared_memory.SharedMemory) -> int:
+    """Where ``segment`` is mapped in this process."""
+    assert segment.buf is not None
+    return ctypes.addressof(ctypes.c_char.from_buffer(segment.buf))
+
+
 class _DaemonJob:
     """A write the daemon was asked to do; it cannot be called back once sent."""
 
@@ -63,15 +73,10 @@ class ProcessWriter:
     defers_writes = True
 
     def __init__(self, niceness: int) -> None:
-        from snapshotkit.storage._registry import _registered
-
-        registrations = {}
-        for scheme, factory in _registered.items():
-            try:
-                pickle.dumps(factory)
-            except Exception:  # noqa: S112 - lambdas and closures cannot reach the daemon
-                continue
-            registrations[scheme] = factory
+        #: The registrations the daemon was sent (or skipped, when not picklable), by scheme.
+        self._sent_registrations: dict[str, Any] = {}
+        self._registry_lock = threading.Lock()
+        registrations = self._new_registrations()
         # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's
         # __main__ and fails in scripts without a main guard), connected by a socket pair.
         parent, child = socket.socketpair()
@@ -88,10 +93,16 @@ class ProcessWriter:
         self._jobs: dict[int, _DaemonJob] = {}
         self._next_job = 0
         self._lock = threading.Lock()
-        self._segments = PooledBuffers()
+        self._send_lock = threading.Lock()  # writes are sent from staging, evictions from any thread
+        self._segments = BufferPool(staging_budget(), self._discard_segment)
+        self._gpu = GpuCopies()
         self.dead: str | None = None
         self._reader = threading.Thread(target=self._read_replies, name="snapshotkit-daemon-replies", daemon=True)
         self._reader.start()
+
+    @property
+    def pool(self) -> BufferPool:
+        return self._segments
 
     @property
     def pid(self) -> int:
@@ -134,7 +145,7 @@ class ProcessWriter:
             )
 
     def staging_cost(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> int:
-        return plan.nbytes
+        return bucket_bytes(plan.nbytes)
 
     def stage(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> StagedObject:
         size = bucket_bytes(plan.nbytes)
@@ -144,7 +155,10 @@ class ProcessWriter:
             self._segments.add(segment)
         assert segment.buf is not None
         try:
-            return stage_into(plan, payloads, segment.buf[: plan.nbytes], segment)
+            if cuda_devices(plan, payloads):
+                self._gpu.pin(_address(segment), size)  # so GPU pieces copy asynchronously
+            # Every copy has finished when stage_into returns: the daemon reads finished bytes.
+            return stage_into(plan, payloads, segment.buf[: plan.nbytes], segment, self._gpu)
         except BaseException:
             self._segments.put(size, segment)
             raise
@@ -152,10 +166,17 @@ class ProcessWriter:
     def give_back(self, staged: StagedObject) -> None:
         for view in (*staged.pieces, *staged.buffers):
             view.release()  # no exported views may outlive the segment's close at exit
-        self._segments.put(staged.handle.size, staged.handle)
+        self._segments.put(bucket_bytes(staged.plan.nbytes), staged.handle)
 
-    def preallocate(self, sizes: Mapping[int, int]) -> int:
-        """Pool free segments of ``sizes`` (bucket size -> count), pages faulted in; the bytes made."""
+    def _discard_segment(self, segment: shared_memory.SharedMemory) -> None:
+        """Free a segment the pool does not keep: the daemon unmaps it, this process unlinks it."""
+        with contextlib.suppress(OSError, ValueError), self._send_lock:
+            self._connection.send(("release", segment.name))
+        self._close_segment(segment)
+
+    def preallocate(self, sizes: Mapping[int, int], *, pinned: bool = False) -> int:
+        """Pool free segments of ``sizes`` (bucket size -> count), pages faulted in (and pinned,
+        with ``pinned``); the bytes made."""
 
         def make(size: int) -> shared_memory.SharedMemory:
             segment = shared_memory.SharedMemory(create=True, size=size)
@@ -164,6 +185,8 @@ class ProcessWriter:
             for start in range(0, size, len(zeros)):  # writing every page faults it in now
                 end = min(size, start + len(zeros))
                 segment.buf[start:end] = zeros[: end - start]
+            if pinned:
+                self._gpu.pin(_address(segment), size)
             return segment
 
         return self._segments.preallocate(sizes, make)
@@ -193,7 +216,11 @@ class ProcessWriter:
         try:
             if self.dead is not None:
                 raise CheckpointDaemonError(self.dead)
-            self._connection.send(message)
+            with self._send_lock:
+                registrations = self._new_registrations()
+                if registrations:  # registered since the daemon started (or last heard): before the write
+                    self._connection.send(("register", registrations))
+                self._connection.send(message)
         except (OSError, ValueError, CheckpointDaemonError) as exc:
             with self._lock:
                 self._jobs.pop(number, None)
@@ -202,20 +229,43 @@ class ProcessWriter:
             )
         return job
 
+    def _new_registrations(self) -> dict[str, Any]:
+        """The storage plugins registered in this process that the daemon has not been sent yet
+        (lambdas and closures cannot reach it, and are skipped)."""
+        from snapshotkit.storage._registry import _registered
+
+        new = {}
+        with self._registry_lock:
+            for scheme, factory in list(_registered.items()):
+                if self._sent_registrations.get(scheme) is factory:
+                    continue
+                self._sent_registrations[scheme] = factory
+                try:
+                    pickle.dumps(factory)
+                except Exception:  # noqa: S112 - cannot reach the daemon
+                    continue
+                new[scheme] = factory
+        return new
+
     def release(self, target: Target) -> None:
         return None  # the daemon keeps its plugins for the next snapshot
 
     def shutdown(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError), self._send_lock:
             self._connection.send(("stop",))
         try:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(5)
-        for segment in self._segments.allocated:
-            try:
-                segment.close()
-                segment.unlink()
-            except (FileNotFoundError, BufferError):
-                pass
+        for segment in self._segments.close():  # uncharged from the staging budget
+            self._close_segment(segment)
+
+    def _close_segment(self, segment: shared_memory.SharedMemory) -> None:
+        """Unpin (if pinned), unmap and remove a segment no staged object uses (again: no harm)."""
+        if segment.buf is not None and self._gpu.pinned_bytes:
+            self._gpu.unpin(_address(segment))  # before the mapping goes away
+        with contextlib.suppress(BufferError):  # a view still exported: the mapping goes with it
+            segment.close()
+        with contextlib.suppress(FileNotFoundError):
+            segment.unlink()

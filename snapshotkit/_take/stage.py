@@ -8,7 +8,8 @@ Two ways, one layout (the pieces at their offsets, zero padding between):
   host buffers, and those copies are what the memory budget counts (:func:`staging_cost_bytes`).
 * :func:`stage_into`, for the background writers: every piece copied into one buffer the writer
   owns (pooled, pinned or shared memory), so the caller may change its tensors as soon as
-  staging returns. GPU pieces are copied on a side CUDA stream.
+  staging returns. GPU pieces are copied on a side CUDA stream per device, ordered after the
+  caller's queued kernels (:mod:`snapshotkit._take.gpu_copy`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from snapshotkit._format.serialization import (
 )
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.leaves import Payload
+from snapshotkit._take.gpu_copy import GpuCopies, cuda_devices
 
 _PADDING = bytes(64)
 
@@ -107,41 +109,49 @@ class ViewStager:
 
 
 def stage_into(
-    plan: DataObjectPlan, payloads: Sequence[Payload], out: memoryview, handle: Any, stream: Any = None
+    plan: DataObjectPlan, payloads: Sequence[Payload], out: memoryview, handle: Any, gpu: GpuCopies | None = None
 ) -> StagedObject:
     """Copy the pieces of ``plan`` into ``out`` (``plan.nbytes`` long) at their offsets.
 
-    GPU pieces are copied on ``stream`` (a side CUDA stream) without blocking and waited for at
-    the end, so the copies overlap each other; ``out`` should then be pinned host memory.
+    With ``gpu``, GPU pieces are copied without blocking on the side stream of their device,
+    after the work already queued on that device's current stream, and every copy has finished
+    when this returns or raises (the rules of :mod:`snapshotkit._take.gpu_copy`); ``out`` should
+    then be pinned. Without it they are copied on the current stream, synchronously.
     """
-    position = 0
-    pending_gpu = False
-    for slot in plan.slots:
-        if slot.offset > position:
-            out[position : slot.offset] = bytes(slot.offset - position)  # alignment padding
-        destination = out[slot.offset : slot.offset + slot.nbytes]
-        payload = payloads[slot.payload]
-        if payload.data is not None:
-            destination[:] = memoryview(payload.data)[slot.start : slot.end]
-        else:
-            assert payload.tensor is not None
-            source = payload.tensor.detach()
-            if source.is_conj() or source.is_neg():
-                source = source.resolve_conj().resolve_neg()
-            first, last = slot.start // payload.itemsize, slot.end // payload.itemsize
-            target = tensor_from_bytes(destination, source.dtype, (last - first,))
-            gpu = source.is_cuda and stream is not None
-            pending_gpu = pending_gpu or gpu
-            with torch.cuda.stream(stream) if gpu else contextlib.nullcontext():
-                position_in_target = 0
-                for view in flat_range_views(source, first, last):
-                    count = view.numel()
-                    target[position_in_target : position_in_target + count].view(view.shape).copy_(
-                        view, non_blocking=gpu
-                    )
-                    position_in_target += count
-        position = slot.offset + slot.nbytes
-    if pending_gpu:
-        stream.synchronize()
+    ordering: contextlib.AbstractContextManager[dict[int, Any]] = (
+        gpu.ordered(cuda_devices(plan, payloads)) if gpu is not None else contextlib.nullcontext({})
+    )
+    with ordering as streams:
+        position = 0
+        for slot in plan.slots:
+            if slot.offset > position:
+                out[position : slot.offset] = bytes(slot.offset - position)  # alignment padding
+            destination = out[slot.offset : slot.offset + slot.nbytes]
+            payload = payloads[slot.payload]
+            if payload.data is not None:
+                destination[:] = memoryview(payload.data)[slot.start : slot.end]
+            else:
+                assert payload.tensor is not None
+                first, last = slot.start // payload.itemsize, slot.end // payload.itemsize
+                target = tensor_from_bytes(destination, payload.tensor.dtype, (last - first,))
+                side = streams.get(payload.tensor.device.index) if payload.tensor.is_cuda else None
+                # On the side stream, even the conj/neg resolution runs after the producer's kernels.
+                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                    _copy_range(payload.tensor, first, last, target, non_blocking=side is not None)
+                    if side is not None:
+                        payload.tensor.record_stream(side)  # its memory is not reused while the copy reads it
+            position = slot.offset + slot.nbytes
     pieces = tuple(out[s.offset : s.offset + s.nbytes] for s in plan.slots)
     return StagedObject(plan, (out,), pieces, handle)
+
+
+def _copy_range(tensor: torch.Tensor, first: int, last: int, target: torch.Tensor, *, non_blocking: bool) -> None:
+    """Copy elements ``[first, last)`` (row-major) of ``tensor`` into flat host ``target``."""
+    source = tensor.detach()
+    if source.is_conj() or source.is_neg():
+        source = source.resolve_conj().resolve_neg()
+    position = 0
+    for view in flat_range_views(source, first, last):
+        count = view.numel()
+        target[position : position + count].view(view.shape).copy_(view, non_blocking=non_blocking)
+        position += count

@@ -4,7 +4,9 @@ The first ``async_take`` of a process allocates its staging buffers, and the ker
 pages in while staging copies into them: a first call costs seconds where later ones cost about
 a memcpy. :func:`prepare_writer` plans the take the way ``async_take`` would (same describe,
 exchange and planning functions, same config), then has the writer allocate and fault in the
-buffers that take holds at once, bounded by the memory budget. Nothing is written to storage.
+buffers that take holds at once, bounded by the memory budget (charged to the process's staging
+budget, :mod:`snapshotkit._runtime.staging`: free buffers of other sizes make room, buffers in
+use by a pending take are not touched). Nothing is written to storage.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from snapshotkit._config import Config
 from snapshotkit._dist import Group
 from snapshotkit._plan.leaves import LocalState
 from snapshotkit._plan.rank_plan import TakePlan
+from snapshotkit._runtime.staging import staging_budget
+from snapshotkit._take.executors import EXECUTORS, background_writer
 from snapshotkit._take.prepare import prepare_take
-from snapshotkit._take.writers import EXECUTORS, Writer, background_writer, bucket_bytes
+from snapshotkit._take.writers import Writer, bucket_bytes
 from snapshotkit.errors import ConfigError
 
 #: Stands in for the snapshot path while planning: sizes and layouts do not depend on it.
@@ -29,9 +33,10 @@ _NO_PATH = "prepare_async://"
 class Preallocating(Protocol):
     """A writer whose staging buffers can be made ahead of a take."""
 
-    def preallocate(self, sizes: Counter[int]) -> int:
-        """Have at least ``sizes[size]`` free buffers of each bucket ``size``, pages faulted in;
-        return the bytes of buffers made now."""
+    def preallocate(self, sizes: Counter[int], *, pinned: bool = False) -> int:
+        """Have at least ``sizes[size]`` free buffers of each bucket ``size``, pages faulted in
+        (and those made now pinned, with ``pinned``: the state has GPU tensors); return the bytes
+        of buffers made now."""
         ...
 
 
@@ -65,7 +70,7 @@ def plan_like_async_take(
 def buffers_held_at_once(plan: TakePlan, local: LocalState, writer: Writer, budget_bytes: int) -> Counter[int]:
     """Bucket size -> count of the staging buffers a take of ``plan`` holds before it first waits
     for the budget (what the engine's staging loop reserves: the first object always, then each
-    next one while it fits)."""
+    next one while it fits; the pool then keeps those that fit in the budget)."""
     sizes: Counter[int] = Counter()
     reserved_bytes = 0
     for data_object in plan.data_objects:
@@ -109,4 +114,7 @@ def prepare_writer(writer: Writer, plan: TakePlan, local: LocalState, config: Co
     (0 when an earlier take or warm-up already made them)."""
     if not isinstance(writer, Preallocating):  # pragma: no cover - both background writers are
         return 0
-    return writer.preallocate(buffers_held_at_once(plan, local, writer, config.memory_budget_bytes))
+    staging_budget().resize(config.memory_budget_bytes)  # the pools keep no more than this
+    sizes = buffers_held_at_once(plan, local, writer, config.memory_budget_bytes)
+    pinned = any(payload.tensor is not None and payload.tensor.is_cuda for payload in local.payloads)
+    return writer.preallocate(sizes, pinned=pinned)

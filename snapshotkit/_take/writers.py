@@ -9,12 +9,16 @@ writers implement the one small :class:`Writer` protocol:
 
 * :class:`InlineWriter` (``Snapshot.take``): zero-copy staging (views of the tensors' own
   memory), writes on snapshotkit's I/O loop while the caller waits;
-* :class:`ThreadWriter` (``async_take(executor="thread")``): copies into pooled (pinned) buffers,
-  writes on a background loop whose threads run at low priority;
+* :class:`ThreadWriter` (``async_take(executor="thread")``): copies into pooled buffers (pinned
+  once they stage a GPU piece), writes on a background loop whose threads run at low priority;
 * :class:`~snapshotkit._take.process_writer.ProcessWriter` (``executor="process"``): copies into
-  pooled shared memory and hands the objects to a checkpoint daemon process.
+  pooled shared memory (pinned the same way) and hands the objects to a checkpoint daemon process.
 
-To add a writer: implement :class:`Writer` and return it from :func:`background_writer`.
+Both background writers copy GPU pieces on a side stream per device, after the caller's queued
+kernels, and wait for the copies before a buffer leaves staging (:mod:`snapshotkit._take.gpu_copy`).
+
+To add a writer: implement :class:`Writer` and return it from
+:func:`snapshotkit._take.executors.background_writer`.
 """
 
 from __future__ import annotations
@@ -32,13 +36,11 @@ from snapshotkit._format.serialization import byte_view
 from snapshotkit._plan.layout import DataObjectPlan
 from snapshotkit._plan.leaves import Payload
 from snapshotkit._runtime.loop import background_loop, gather_or_cancel, get_loop, spawn, to_thread
+from snapshotkit._runtime.staging import BufferPool, staging_budget
+from snapshotkit._take.gpu_copy import GpuCopies, cuda_devices, host_buffer
 from snapshotkit._take.reuse import Layout, ReuseIndex, decide
 from snapshotkit._take.stage import StagedObject, ViewStager, stage_into, staging_cost_bytes
-from snapshotkit.errors import ConfigError
 from snapshotkit.storage import StoragePlugin, open_storage_plugin
-
-#: The ``executor=`` values of ``async_take``.
-EXECUTORS = ("thread", "process")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +78,15 @@ class Writer(Protocol):
     #: they are submitted, so writes do not compete with staging for CPU and memory bandwidth.
     defers_writes: bool
 
+    @property
+    def pool(self) -> BufferPool | None:
+        """The pool the writer stages into (its free buffers are charged to the process's
+        staging budget), or None when staging allocates nothing it keeps."""
+        ...
+
     def staging_cost(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> int:
-        """Host bytes staging ``plan`` holds until its write finished."""
+        """Host bytes staging ``plan`` holds until its write finished (what is allocated: for a
+        pooled writer, the size of the buffer it stages into)."""
         ...
 
     def stage(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> StagedObject:
@@ -86,7 +95,8 @@ class Writer(Protocol):
         ...
 
     def give_back(self, staged: StagedObject) -> None:
-        """Return the staging buffer of a written (or abandoned) object."""
+        """Return the staging buffer of a written (or abandoned) object, before its reservation
+        is given back to the staging budget."""
         ...
 
     def io_slots(self, count: int) -> Any:
@@ -155,6 +165,7 @@ class InlineWriter(_LoopWriter):
 
     name = "inline"
     defers_writes = False
+    pool: BufferPool | None = None
 
     def __init__(self) -> None:
         super().__init__(get_loop())
@@ -178,129 +189,55 @@ class InlineWriter(_LoopWriter):
 
 
 def bucket_bytes(nbytes: int) -> int:
-    """Pooled buffer sizes come in powers of two (at least 1 MiB) so buffers get reused."""
+    """Pooled buffer sizes come in powers of two (at least 1 MiB) so buffers get reused; a
+    staged object is charged its bucket's size, what is really allocated."""
     return max(1 << 20, 1 << max(0, nbytes - 1).bit_length())
 
 
-class PooledBuffers:
-    """Staging buffers by size bucket, allocated on first use and reused by later takes."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._free: dict[int, list[Any]] = {}
-        self.allocated: list[Any] = []
-
-    def get(self, size: int) -> Any | None:
-        with self._lock:
-            pool = self._free.get(size)
-            return pool.pop() if pool else None
-
-    def add(self, handle: Any) -> None:
-        with self._lock:
-            self.allocated.append(handle)
-
-    def put(self, size: int, handle: Any) -> None:
-        with self._lock:
-            self._free.setdefault(size, []).append(handle)
-
-    def missing(self, sizes: Mapping[int, int]) -> list[int]:
-        """The buffer sizes to make so that ``sizes[size]`` buffers of each size are free."""
-        with self._lock:
-            return [size for size, count in sorted(sizes.items()) for _ in range(count - len(self._free.get(size, ())))]
-
-    def preallocate(self, sizes: Mapping[int, int], make: Any) -> int:
-        """Make the missing buffers of ``sizes`` with ``make(size)`` and pool them as free; the bytes made."""
-        made = 0
-        for size in self.missing(sizes):
-            handle = make(size)
-            self.add(handle)
-            self.put(size, handle)
-            made += size
-        return made
-
-
 class ThreadWriter(_LoopWriter):
-    """Copies into pooled host buffers (pinned when CUDA is present); writes on a low-priority loop."""
+    """Copies into pooled host buffers (pinned once they stage a GPU piece); writes on a low-priority loop."""
 
     name = "thread"
     defers_writes = True
 
     def __init__(self, niceness: int) -> None:
         super().__init__(background_loop(niceness))
-        self._buffers = PooledBuffers()
-        self._stream: Any = None
+        self._buffers = BufferPool(staging_budget())
+        self._gpu = GpuCopies()
+
+    @property
+    def pool(self) -> BufferPool:
+        return self._buffers
 
     def staging_cost(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> int:
-        return plan.nbytes
+        return bucket_bytes(plan.nbytes)
 
     def stage(self, plan: DataObjectPlan, payloads: Sequence[Payload]) -> StagedObject:
         size = bucket_bytes(plan.nbytes)
         raw = self._buffers.get(size)
         if raw is None:
-            # Pinned host memory when CUDA is present, so GPU pieces copy asynchronously.
-            raw = torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            raw = host_buffer(size)
             self._buffers.add(raw)
-        if self._stream is None and torch.cuda.is_available():
-            self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         try:
-            return stage_into(plan, payloads, byte_view(raw)[: plan.nbytes], raw, self._stream)
+            if cuda_devices(plan, payloads):
+                self._gpu.pin_tensor(raw)  # so GPU pieces copy asynchronously
+            return stage_into(plan, payloads, byte_view(raw)[: plan.nbytes], raw, self._gpu)
         except BaseException:
             self._buffers.put(size, raw)
             raise
 
     def give_back(self, staged: StagedObject) -> None:
-        self._buffers.put(staged.handle.numel(), staged.handle)
+        self._buffers.put(bucket_bytes(staged.plan.nbytes), staged.handle)
 
-    def preallocate(self, sizes: Mapping[int, int]) -> int:
-        """Pool free buffers of ``sizes`` (bucket size -> count), pages faulted in; the bytes made."""
-        if self._stream is None and torch.cuda.is_available():
-            self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    def preallocate(self, sizes: Mapping[int, int], *, pinned: bool = False) -> int:
+        """Pool free buffers of ``sizes`` (bucket size -> count), pages faulted in (and pinned,
+        with ``pinned``); the bytes made."""
 
         def make(size: int) -> torch.Tensor:
             # Writing every page now faults it in: a first staging copy would otherwise pay for it.
-            return torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available()).zero_()
+            buffer = host_buffer(size).zero_()
+            if pinned:
+                self._gpu.pin_tensor(buffer)
+            return buffer
 
         return self._buffers.preallocate(sizes, make)
-
-
-_writers: dict[tuple[str, int], Writer] = {}
-_writers_lock = threading.Lock()
-
-
-def background_writer(executor: str, niceness: int) -> Writer:
-    """The writer for ``async_take(executor=...)`` at ``niceness``: made on first use, then reused
-    (a dead checkpoint daemon is replaced)."""
-    from snapshotkit._take.process_writer import ProcessWriter
-
-    if executor not in EXECUTORS:
-        raise ConfigError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-    key = (executor, niceness)
-    with _writers_lock:
-        writer = _writers.get(key)
-        if isinstance(writer, ProcessWriter) and not writer.alive:
-            writer.shutdown()
-            writer = None
-        if writer is None:
-            writer = _writers[key] = ProcessWriter(niceness) if executor == "process" else ThreadWriter(niceness)
-        return writer
-
-
-def shutdown_writers() -> None:
-    """Stop every checkpoint daemon (at interpreter exit, after pending takes finished)."""
-    from snapshotkit._take.process_writer import ProcessWriter
-
-    with _writers_lock:
-        daemons = [_writers.pop(key) for key in list(_writers) if key[0] == "process"]
-    for writer in daemons:
-        assert isinstance(writer, ProcessWriter)
-        writer.shutdown()
-
-
-def checkpoint_daemon_pid() -> int | None:
-    """The pid of a running checkpoint daemon, if there is one (for tests and monitoring)."""
-    from snapshotkit._take.process_writer import ProcessWriter
-
-    for writer in list(_writers.values()):
-        if isinstance(writer, ProcessWriter) and writer.alive:
-            return writer.pid
-    return None

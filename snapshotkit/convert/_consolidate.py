@@ -33,8 +33,8 @@ from snapshotkit._format.entries import Entry, ObjectEntry, ShardedTensorEntry, 
 from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import ALIGNMENT_BYTES, data_object_location
 from snapshotkit._restore.bases import open_snapshot_storage
-from snapshotkit._restore.engine import load_metadata
 from snapshotkit._restore.fetch import Claim, PieceRead, check_extents, read_pieces
+from snapshotkit._restore.metadata import load_metadata
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import run_sync
 from snapshotkit._runtime.progress import ByteProgress, check_progress

@@ -29,6 +29,7 @@ from snapshotkit._format.foreign import (
     classify_file,
     is_torchsnapshot_document,
 )
+from snapshotkit._text import first_few
 from snapshotkit.errors import ImportSourceError, SnapshotkitError
 
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -83,7 +84,7 @@ def detect(src: Path, source: str | None = None) -> Detected:
 
 def _one(src: Path, candidates: list[Detected]) -> Detected:
     if len(candidates) > 1:
-        names = ", ".join(c.path.name for c in candidates[:5])
+        names = first_few(candidates, show=lambda c: c.path.name)
         raise ImportSourceError(
             f"{src} holds {len(candidates)} {candidates[0].source_format} checkpoints ({names}); import one at a "
             "time: pass its path as src"
@@ -158,4 +159,4 @@ def _contents(src: Path) -> str:
     names = sorted(os.listdir(src))
     if not names:
         return "an empty directory"
-    return f"a directory holding {', '.join(names[:5])}" + (" ..." if len(names) > 5 else "")
+    return f"a directory holding {first_few(names, show=str)}"

@@ -34,9 +34,9 @@ from snapshotkit._plan.flatten import Flattened, inflate, join_path, unescape_ke
 from snapshotkit._plan.partition import matches_any
 from snapshotkit._plan.select import prune
 from snapshotkit._restore.bases import open_snapshot_storage
-from snapshotkit._restore.engine import load_metadata
 from snapshotkit._restore.failures import open_failure
 from snapshotkit._restore.fetch import Claim, PieceRead, check_extents, read_pieces
+from snapshotkit._restore.metadata import load_metadata
 from snapshotkit._restore.place import LeafLoader
 from snapshotkit._restore.plan import close_matches, rank_view
 from snapshotkit._runtime.budget import MemoryBudget

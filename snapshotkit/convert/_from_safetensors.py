@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from snapshotkit._format.foreign import SAFETENSORS_INDEX_SUFFIX, SAFETENSORS_MAX_HEADER_BYTES
+from snapshotkit._text import first_few
 from snapshotkit.convert._files import MappedFiles
 from snapshotkit.convert._source import Loaded
 from snapshotkit.errors import ImportSourceError
@@ -71,8 +72,8 @@ def read_safetensors(src: Path, *, key: str, weights_only: bool) -> Loaded:
         else:
             found = [p.name for p in indexes] or [p.name for p in singles]
             raise ImportSourceError(
-                f"{src} holds {len(found)} candidate safetensors sources ({', '.join(found[:5])}); import one: pass "
-                "its path as src"
+                f"{src} holds {len(found)} candidate safetensors sources ({first_few(found, show=str)}); import one: "
+                "pass its path as src"
             )
     if src.name.endswith(SAFETENSORS_INDEX_SUFFIX):
         return _read_index(src, key)

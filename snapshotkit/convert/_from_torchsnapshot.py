@@ -33,6 +33,7 @@ import torch
 
 from snapshotkit._format.entries import METADATA_FILENAME
 from snapshotkit._format.foreign import is_torchsnapshot_document
+from snapshotkit._text import first_few
 from snapshotkit.convert._files import MappedFiles
 from snapshotkit.convert._source import Loaded, load_object
 from snapshotkit.errors import ImportSourceError
@@ -133,7 +134,9 @@ class _Reader:
         if kind == "list":
             names = self._children.get(path, [])
             if sorted(names, key=lambda n: int(n) if n.isdigit() else -1) != [str(i) for i in range(len(names))]:
-                raise ImportSourceError(f"{self._src}: list {path!r} has the items {sorted(names)[:5]}, not 0 to n-1")
+                raise ImportSourceError(
+                    f"{self._src}: list {path!r} has the items {first_few(sorted(names))}, not 0 to n-1"
+                )
             return [self.build(f"{path}/{i}") for i in range(len(names))]
         if kind in ("dict", "OrderedDict"):
             keys = _list(entry, "keys", path, self._src)

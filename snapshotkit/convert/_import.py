@@ -28,6 +28,7 @@ from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import DictEntry, ListEntry, pieces_of
 from snapshotkit._format.foreign import SOURCE_FORMATS
 from snapshotkit._runtime.progress import check_progress
+from snapshotkit._text import first_few
 from snapshotkit.convert._detect import detect
 from snapshotkit.convert._from_dcp import read_dcp
 from snapshotkit.convert._from_safetensors import read_safetensors
@@ -255,6 +256,6 @@ def _log(report: ImportReport) -> ImportReport:
             "%s: %d value(s) held by ranks other than 0 only were not imported (a snapshot of rank 0's view): %s",
             report.source,
             len(report.skipped_paths),
-            ", ".join(report.skipped_paths[:5]) + (" ..." if len(report.skipped_paths) > 5 else ""),
+            first_few(report.skipped_paths, show=str),
         )
     return report

@@ -36,6 +36,7 @@ from snapshotkit._format.entries import Entry, ShardedTensorEntry, TensorEntry
 from snapshotkit._format.serialization import RAW
 from snapshotkit._plan.flatten import unescape_key
 from snapshotkit._restore.fetch import Claim
+from snapshotkit._text import first_few
 from snapshotkit.convert._export_source import Skipped, Source, Written, describe
 from snapshotkit.convert._stream import copy_pieces, fsync_path, preallocate, pwrite_all, spans
 from snapshotkit.errors import ConfigError
@@ -177,10 +178,10 @@ def plan(selected: dict[str, Entry], strip_prefix: str | None, max_shard_bytes: 
         owners[key] = path
         tensors.append(_Tensor(key, path, entry, DTYPES[entry.dtype]))
     if not tensors:
-        shown = "; ".join(f"{p!r}: {r}" for p, r in list(skipped.items())[:3])
+        shown = first_few(list(skipped.items()), 3, show=lambda item: f"{item[0]!r}: {item[1]}", separator="; ")
         raise ConfigError(
             f"nothing to export to safetensors: none of the {len(selected)} selected logical path(s) holds a tensor "
-            f"safetensors can hold ({shown}{' ...' if len(skipped) > 3 else ''}); select tensors, or use to='torch'"
+            f"safetensors can hold ({shown}); select tensors, or use to='torch'"
         )
     if max_shard_bytes is None:
         return SafetensorsPlan((_layout("", tensors),), False, skipped)

@@ -47,6 +47,11 @@ class Capabilities:
         host_page_cache: reads are served through this host's kernel page cache (a file
             system): ranks on one host reading the same bytes cost the store one read, so a
             restore does not share replicated reads among them by default.
+        process_local: the objects live in the memory of the process that wrote them
+            (``memory://``): another process opening the same URI sees a different, empty store.
+            Writes that another process would do are refused before anything is written:
+            ``async_take(executor="process")`` (its checkpoint daemon) and takes by more than
+            one rank.
     """
 
     atomic_exclusive_write: bool = False
@@ -55,6 +60,7 @@ class Capabilities:
     own_retries: bool = False
     directories: bool = False
     host_page_cache: bool = False
+    process_local: bool = False
 
 
 def as_buffers(data: Buffer | Sequence[Buffer]) -> list[memoryview]:

@@ -88,15 +88,22 @@ def _preadv_all(fd: int, start: int, buffers: Sequence[memoryview], location: st
         pending = _advance(pending, got)
 
 
+#: What a file system that cannot fsync a directory answers: nothing to make durable there.
+_DIR_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EISDIR})
+
+
 def _fsync_dir(path: Path) -> None:
+    """Make ``path``'s entries durable. A file system that refuses directory fsync is skipped;
+    any other failure (``EIO``: the entries may not survive a crash) is raised."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:  # pragma: no cover - platforms without directory fds
         return
     try:
         os.fsync(fd)
-    except OSError:  # pragma: no cover - some filesystems refuse directory fsync
-        pass
+    except OSError as exc:
+        if exc.errno not in _DIR_FSYNC_UNSUPPORTED:
+            raise
     finally:
         os.close(fd)
 

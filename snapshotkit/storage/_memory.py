@@ -1,7 +1,9 @@
 """An in-process storage plugin: objects live in a dict. For tests and ephemeral snapshots.
 
 All ``memory://`` URIs of one process share one store, so a snapshot taken to
-``memory://runs/a`` can be opened again by a later ``Snapshot("memory://runs/a")``.
+``memory://runs/a`` can be opened again by a later ``Snapshot("memory://runs/a")``. Other
+processes do not see it (``capabilities.process_local``): ``async_take(executor="process")`` and
+takes by several ranks refuse it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ _STORE_LOCK = threading.Lock()
 class MemoryStoragePlugin(StoragePlugin):
     """Objects in a process-wide dict, keyed by ``<root>/<location>``."""
 
-    capabilities = Capabilities(atomic_exclusive_write=True, listing=True)
+    capabilities = Capabilities(atomic_exclusive_write=True, listing=True, process_local=True)
 
     def __init__(self, root: str) -> None:
         self.root = root.strip("/")

@@ -467,3 +467,24 @@ class StoragePluginConformance(ListingCases):
         assert target["step"] == 2
         assert torch.equal(target["small"], torch.ones(8))
         assert torch.equal(Snapshot(uri).read_object("state/frozen"), frozen)
+
+    def test_a_process_local_store_is_refused_by_the_process_executor(self, root: str) -> None:
+        """A plugin whose objects live in one process's memory declares ``capabilities.process_local``;
+        ``async_take(executor="process")`` (a checkpoint daemon, another process) then refuses it
+        before anything is written. Skipped for plugins that do not declare it."""
+
+        async def local(plugin: StoragePlugin) -> bool:
+            return plugin.capabilities.process_local
+
+        if not self._run(root, local):
+            pytest.skip("plugin does not declare capabilities.process_local")
+        torch = pytest.importorskip("torch")
+        from snapshotkit import Snapshot, StateDict
+        from snapshotkit.errors import ConfigError
+
+        state: dict[str, Any] = {"state": StateDict(x=torch.ones(8))}
+        with pytest.raises(ConfigError, match='executor="thread"'):
+            Snapshot.async_take(self.uri(root), state, executor="process")
+        assert self.ground_truth_read(root, METADATA_FILENAME) is None
+        Snapshot.async_take(self.uri(root), state, executor="thread").wait()
+        assert self.ground_truth_read(root, METADATA_FILENAME) is not None

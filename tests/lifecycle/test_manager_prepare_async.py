@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from snapshotkit import SnapshotManager, StateDict
-from snapshotkit._take import writers
+from snapshotkit._take import executors
 from snapshotkit.errors import ConfigError
 
 
 def test_restore_latest_warms_the_first_async_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     made: dict[tuple[str, int], Any] = {}
-    monkeypatch.setattr(writers, "_writers", made)
+    monkeypatch.setattr(executors, "_writers", made)
     state = {"w": StateDict({"t": torch.arange(1 << 20, dtype=torch.float32)})}
     with SnapshotManager(str(tmp_path), preemption_signals=()) as mgr:
         assert mgr.restore_latest(state) is None
@@ -28,7 +28,7 @@ def test_restore_latest_warms_the_first_async_save(tmp_path: Path, monkeypatch: 
 
 def test_no_warm_up_with_none_and_a_bad_executor_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     made: dict[tuple[str, int], Any] = {}
-    monkeypatch.setattr(writers, "_writers", made)
+    monkeypatch.setattr(executors, "_writers", made)
     with SnapshotManager(str(tmp_path), preemption_signals=(), async_executor=None) as mgr:
         mgr.restore_latest({"w": StateDict({"t": torch.ones(4)})})
     assert not made

@@ -40,6 +40,7 @@ def _entry(
     env: dict[str, str],
     target: Callable[..., Any],
     args: tuple[Any, ...],
+    backend: str,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -47,7 +48,9 @@ def _entry(
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # one GPU per rank
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
     try:
         result = target(rank, world_size, *args)
     finally:
@@ -62,12 +65,14 @@ def run_ranks(
     *args: Any,
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
+    backend: str = "gloo",
 ) -> list[Any]:
-    """``[target(rank, world_size, *args) for each rank]``, each run in its own process."""
+    """``[target(rank, world_size, *args) for each rank]``, each run in its own process
+    (``backend="nccl"``: rank ``r`` on GPU ``r``)."""
     with tempfile.TemporaryDirectory(prefix="snapshotkit-ranks-") as out_dir:
         context = mp.start_processes(
             _entry,
-            args=(world_size, _free_port(), out_dir, dict(env or {}), target, args),
+            args=(world_size, _free_port(), out_dir, dict(env or {}), target, args, backend),
             nprocs=world_size,
             join=False,
             start_method="forkserver",

@@ -204,7 +204,7 @@ def test_restore_onto_a_different_world_size(tmp_path: Path, saved: int, restore
     results = run_ranks(restored, _restore_elastic, path, saved)
     if restored > saved:
         new_rank = results[restored - 1]["error"]
-        assert new_rank.startswith("LogicalPathNotFoundError")
+        assert new_rank.startswith("AppStateKeyNotFoundError")  # a LogicalPathNotFoundError
         assert "did not exist then" in new_rank and "replicated=" in new_rank
         assert results[0]["error"].startswith("RankFailedError") and f"rank {saved}" in results[0]["error"]
     else:
@@ -392,3 +392,23 @@ def test_sub_group_and_rank_zero_path_wins(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "from-rank-0" / ".snapshot_metadata").read_text())["world_size"] == 2
     assert not (tmp_path / "from-rank-2").exists()
     assert "rank 0's" in results[0]
+
+
+def _process_local_store(rank: int, world: int) -> tuple[str, list[str]]:
+    from snapshotkit.storage._memory import _STORE
+
+    try:
+        Snapshot.take("memory://ranks/step_1", {"s": StateDict(x=torch.ones(1000) * rank)})
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}", sorted(_STORE)
+    return "no error", sorted(_STORE)
+
+
+def test_a_process_local_store_is_refused_with_many_ranks() -> None:
+    # Before: every rank wrote its data objects into its own process's memory, rank 0 committed a
+    # manifest that named the other ranks' objects, and no rank could restore the snapshot.
+    results = run_ranks(2, _process_local_store, timeout=60)
+    assert results[0][0].startswith("ConfigError: 'memory://ranks/step_1' is a process-local store")
+    assert "with 2 ranks" in results[0][0]
+    assert results[1][0].startswith("RankFailedError") and "process-local store" in results[1][0]
+    assert results[0][1] == results[1][1] == []  # nothing written on any rank

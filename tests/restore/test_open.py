@@ -1,4 +1,4 @@
-"""Opening a snapshot (``snapshotkit._restore.engine.load_metadata``): nothing there, a file, or a take
+"""Opening a snapshot (``snapshotkit._restore.metadata.load_metadata``): nothing there, a file, or a take
 that never committed.
 """
 

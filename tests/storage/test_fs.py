@@ -251,3 +251,38 @@ def test_a_failed_commit_leaves_no_temporary_manifest(tmp_path: Path, monkeypatc
     assert isinstance(info.value, StorageError)
     assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOSPC
     assert ".snapshot_metadata.tmp-" in str(info.value)  # the file that could not be written
+
+
+def _directory_fsync_failing_with(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(code, os.strerror(code))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_an_io_error_from_a_directory_fsync_fails_the_take(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24, item 7: EIO from fsync on a directory was ignored, so a take whose entries may not
+    survive a crash succeeded."""
+    _directory_fsync_failing_with(monkeypatch, errno.EIO)
+    snapshot = tmp_path / "snap"
+    with pytest.raises(StorageError) as info:
+        take_basic(snapshot)
+    monkeypatch.undo()
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.EIO
+    assert "data/" in str(info.value)  # the data object whose entry could not be made durable
+    assert_nothing_committed(snapshot)
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOTSUP])
+def test_a_file_system_that_cannot_fsync_directories_still_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    _directory_fsync_failing_with(monkeypatch, code)
+    snapshot = tmp_path / "snap"
+    take_basic(snapshot)
+    monkeypatch.undo()
+    assert Snapshot(str(snapshot)).read_object("extras/step") == 3

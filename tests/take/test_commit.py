@@ -211,3 +211,46 @@ def test_snapshotkit_still_works_after_failed_takes(tmp_path: Path) -> None:
     path = tmp_path / "snap"
     take_basic(path)
     assert Snapshot(str(path)).read_object("extras/step") == 3
+
+
+class UndeletableFS(FaultyFS):
+    """:class:`FaultyFS` whose deletions fail too (a store that refuses DELETE)."""
+
+    async def delete(self, location: str) -> None:
+        raise PermissionError(errno.EACCES, f"injected: deleting {location} refused")
+
+    async def discard(self, locations: Any) -> None:
+        for location in locations:
+            await self.delete(location)
+
+
+def test_a_failed_take_whose_data_cannot_be_deleted_says_so(
+    tmp_path: Path, clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24, item 7: when deleting a failed take's data objects failed, nothing was logged, so
+    orphans on an object store went unnoticed."""
+    from snapshotkit.storage import _registry
+
+    clean_env.setenv("SNAPSHOTKIT_DATA_OBJECT_BYTES", str(MIB))
+    clean_env.setenv("SNAPSHOTKIT_IO_CONCURRENCY", "1")
+    made: list[UndeletableFS] = []
+
+    def factory(root: str, storage_options: Mapping[str, Any]) -> UndeletableFS:
+        made.append(UndeletableFS(root, 3, lambda: OSError(errno.EIO, "injected write failure")))
+        return made[-1]
+
+    register_storage_plugin("undeletable", factory)
+    path = tmp_path / "snap"
+    try:
+        with caplog.at_level("WARNING", logger="snapshotkit.take"), pytest.raises(errors.StorageError):
+            Snapshot.take(f"undeletable://{path}", big_app_state())
+    finally:
+        _registry._registered.pop("undeletable", None)
+    left = data_objects(path)
+    assert len(left) == 2  # the two written before the failure, which could not be deleted
+    warnings = [r.getMessage() for r in caplog.records if "could not delete" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    for name in left:
+        assert name in warnings[0]
+    assert "PermissionError" in warnings[0] and "snapshotkit cleanup" in warnings[0]
+    assert not (path / ".snapshot_metadata").exists()

@@ -26,7 +26,7 @@ def test_daemon_exits_cleanly_after_failed_writes(tmp_path: Path, error: str) ->
         import _foreign_storage
         _foreign_storage.register()
         from snapshotkit import Snapshot, StateDict
-        from snapshotkit._take import writers
+        from snapshotkit._take import executors
         from snapshotkit.errors import StorageError
         options = {{"fail": "data-write", "error": {error!r}}}
         for attempt in range(3):
@@ -37,8 +37,8 @@ def test_daemon_exits_cleanly_after_failed_writes(tmp_path: Path, error: str) ->
                 pending.wait()
             except StorageError:
                 pass
-        [daemon] = [w for w in writers._writers.values() if w.name == "process"]
-        writers.shutdown_writers()
+        [daemon] = [w for w in executors._writers.values() if w.name == "process"]
+        executors.shutdown_writers()
         print("daemon exit code", daemon.process.returncode, flush=True)
         """
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +9,8 @@ import pytest
 import torch
 
 from snapshotkit import Snapshot, StateDict
-from snapshotkit._take import writers
+from snapshotkit._runtime.staging import BufferPool, staging_budget
+from snapshotkit._take import executors, writers
 from snapshotkit._take.process_writer import ProcessWriter
 from snapshotkit.errors import ConfigError, InvalidAppStateError, InvalidArgumentError
 
@@ -20,20 +20,14 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(autouse=True)
-def fresh_writers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[str, int], Any]]:
-    """Each test starts without background writers (so it sees every allocation) and stops its daemon."""
-    made: dict[tuple[str, int], Any] = {}
-    monkeypatch.setattr(writers, "_writers", made)
-    yield made
-    for writer in made.values():
-        if isinstance(writer, ProcessWriter):
-            writer.shutdown()
+def _fresh(fresh_writers: dict[tuple[str, int], Any]) -> None:
+    """Every test starts without background writers (``fresh_writers``, tests/take/conftest.py)."""
 
 
-def pool(executor: str) -> writers.PooledBuffers:
-    writer = writers.background_writer(executor, 19)
+def pool(executor: str) -> BufferPool:
+    writer = executors.background_writer(executor, 19)
     buffers = writer._segments if isinstance(writer, ProcessWriter) else writer._buffers  # type: ignore[attr-defined]
-    assert isinstance(buffers, writers.PooledBuffers)
+    assert isinstance(buffers, BufferPool)
     return buffers
 
 
@@ -85,10 +79,12 @@ def test_buffers_are_faulted_in_and_a_take_after_a_warm_take_needs_no_warm_up(tm
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_the_memory_budget_bounds_what_is_prepared(executor: str) -> None:
     state = make_state(tensors=16, tensor_bytes=8 * MIB)  # 128 MiB: two 64 MiB data objects
-    small = Snapshot.prepare_async(state, executor=executor, memory_budget_bytes=16 * MIB)
-    assert small == 64 * MIB  # one object at a time (the first always fits, as when staging)
+    # An object larger than the budget is staged alone, but no pool keeps its buffer.
+    assert Snapshot.prepare_async(state, executor=executor, memory_budget_bytes=16 * MIB) == 0
+    assert Snapshot.prepare_async(state, executor=executor, memory_budget_bytes=64 * MIB) == 64 * MIB
     assert Snapshot.prepare_async(state, executor=executor, **CONFIG) == 64 * MIB  # the second one too now
     assert len(pool(executor).allocated) == 2
+    assert staging_budget().pooled_bytes >= 128 * MIB
 
 
 def _size(buffer: Any) -> int:

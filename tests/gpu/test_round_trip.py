@@ -1,18 +1,15 @@
 """CUDA paths: GPU tensors are staged to host for writing and filled from host bounce buffers.
 
-These run only where CUDA is available; elsewhere they skip with the reason.
+These run only where CUDA is available (``tests/gpu/conftest.py``); elsewhere they skip with the reason.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 
 from snapshotkit import RNGState, Snapshot, StateDict
-
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 
 
 def test_cuda_tensors_round_trip_in_place(tmp_path: Path) -> None:
