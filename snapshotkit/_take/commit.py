@@ -47,6 +47,7 @@ from snapshotkit._plan.decide import Decision
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.merge import RankResult, finish_rank, merge_results
 from snapshotkit._plan.rank_plan import PendingObject, PendingTensor, TakePlan
+from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.loop import run_sync, spawn
 from snapshotkit._storage_failure import wrap_storage_failure
 from snapshotkit._take.rendezvous import Outcome, Rendezvous, Verdict
@@ -267,7 +268,8 @@ def run_commit(
     result: RankResult | None = None
     if error is None:
         try:
-            result = finish_rank(commit.plan, pieces)
+            with gc_paused():  # 20,000 entries make ~125 collections (async_take: on the coordinator thread)
+                result = finish_rank(commit.plan, pieces)
         except BaseException as exc:  # an interrupt included: reported to the other ranks first
             error = exc
     if rank != 0 and error is None:  # from here rank 0 may commit a manifest referencing this rank's data
@@ -319,9 +321,10 @@ def _commit_as_rank_0(
     metadata: SnapshotMetadata | None = None
     failure: BaseException | None
     try:
-        manifest = merge_results(list(results), commit.decision, commit.layouts)
-        metadata = build_metadata(manifest, commit.world_size, commit.user_metadata, commit.base_ids)
-        document = metadata.to_bytes()
+        with gc_paused():
+            manifest = merge_results(list(results), commit.decision, commit.layouts)
+            metadata = build_metadata(manifest, commit.world_size, commit.user_metadata, commit.base_ids)
+            document = metadata.to_bytes()
     except BaseException as exc:  # nothing was written
         outcome, failure = Outcome.ABORTED, exc
     else:
