@@ -111,12 +111,12 @@ class LeafLoader:
             self._add_blob(logical_path, entry.piece, lambda obj: setattr(slot, "value", obj))
             return lambda: slot.value
         if isinstance(destination, torch.Tensor):
-            if destination.is_cuda:  # a DTensor's device is its local tensor's
-                self._after_queued_work(destination.device)
-            elif is_sharded(destination):  # a ShardedTensor's device says nothing of its shards
+            if is_sharded(destination):  # its local shards hold the memory (a ShardedTensor has no is_cuda)
                 for _, local in destination_boxes(destination) or ():
                     if local.is_cuda:
                         self._after_queued_work(local.device)
+            elif destination.is_cuda:
+                self._after_queued_work(destination.device)
         if isinstance(entry, TensorEntry):
             if is_sharded(destination):
                 return self._add_tensor_into_shards(logical_path, entry, destination)
