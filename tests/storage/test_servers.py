@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -45,3 +46,62 @@ def test_seaweed_leaves_no_socket_or_directory_even_when_killed() -> None:
         server.__exit__(None, None, None)
     assert [str(path) for path in sockets if path.exists()] == []
     assert not data_dir.exists()
+
+
+def test_seaweed_retries_on_fresh_ports_when_one_was_taken_before_weed_bound_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A port is free when chosen, not reserved: a start that loses it to another process is retried."""
+    from snapshotkit.testing import _servers
+
+    real_free_ports = _servers.free_ports
+    calls: list[list[int]] = []
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = int(squatter.getsockname()[1])
+
+        def free_ports_first_one_taken(count: int, *, below: int = 55000) -> list[int]:
+            ports = real_free_ports(count, below=below)
+            if not calls:
+                ports[3] = taken  # the filer port, as another process took it after it was chosen
+            calls.append(ports)
+            return ports
+
+        monkeypatch.setattr(_servers, "free_ports", free_ports_first_one_taken)
+        try:
+            server = SeaweedS3Server().__enter__()
+        except ServerUnavailable as exc:
+            pytest.skip(f"needs SeaweedFS: {exc}")
+        try:
+            assert len(calls) == 2
+            assert str(calls[1][0]) in server.endpoint_url
+            server.create_bucket("after-retry")
+        finally:
+            server.__exit__(None, None, None)
+    for ports in calls:
+        assert [p for p in ports if Path(f"/tmp/seaweedfs-filer-grpc-{p + 10000}.sock").exists()] == []
+
+
+def test_seaweed_that_cannot_start_says_why_from_its_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every start losing its port gives up after a few tries, with weed's own words in the error."""
+    from snapshotkit.testing import _servers
+
+    real_free_ports = _servers.free_ports
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = int(squatter.getsockname()[1])
+
+        def always_taken(count: int, *, below: int = 55000) -> list[int]:
+            ports = real_free_ports(count, below=below)
+            ports[3] = taken
+            return ports
+
+        monkeypatch.setattr(_servers, "free_ports", always_taken)
+        with pytest.raises(RuntimeError, match="Port allocation failed") as caught:
+            try:
+                SeaweedS3Server().__enter__()
+            except ServerUnavailable as exc:
+                pytest.skip(f"needs SeaweedFS: {exc}")
+    assert f"port {taken}" in str(caught.value)
