@@ -160,7 +160,7 @@ class SeaweedS3Server:
         ]
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
         log_path = Path(self._data_dir, "weed.log")
-        self._log = open(log_path, "wb")
+        self._log = open(log_path, "wb")  # noqa: SIM115 - weed writes it until __exit__ closes it
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.endpoint_url = f"http://127.0.0.1:{s3_port}"
         try:
