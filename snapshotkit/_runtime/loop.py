@@ -15,6 +15,8 @@ import threading
 from collections.abc import Awaitable, Coroutine, Iterable
 from typing import Any, Generic, TypeVar
 
+from snapshotkit._runtime.interrupt import future_result
+
 T = TypeVar("T")
 
 #: Threads for blocking I/O and GIL-releasing CPU work (checksums, memcpy).
@@ -125,7 +127,7 @@ class Spawned(Generic[T]):
         )
 
     def result(self, timeout: float | None = None) -> T:
-        return self.future.result(timeout)
+        return future_result(self.future, timeout)
 
     @property
     def settled(self) -> bool:

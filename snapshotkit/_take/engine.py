@@ -41,6 +41,7 @@ from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
 from snapshotkit._plan.rank_plan import TakePlan
 from snapshotkit._runtime.gc import gc_paused
+from snapshotkit._runtime.interrupt import future_result
 from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit._runtime.staging import StagingBudget, staging_budget
 from snapshotkit._take.commit import CommitPlan, CommitState, discard, keep, logical_paths_in, run_commit, storage_error
@@ -333,7 +334,7 @@ def _wait_for_writes(
                 for rest in reversed(submitted[index:]):
                     rest.job.cancel()
             try:
-                values = item.job.future.result()
+                values = future_result(item.job.future)
             except BaseException as exc:
                 if error is None:
                     paths = logical_paths_in(plan, item.plan)

@@ -17,6 +17,7 @@ import weakref
 
 from snapshotkit._events import emit, format_bytes, transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._runtime.interrupt import wait_interruptibly
 from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit._take.executors import shutdown_writers
 from snapshotkit.errors import WaitTimeoutError
@@ -81,7 +82,7 @@ class TakeJob:
         Raises:
             WaitTimeoutError: ``timeout`` seconds passed first; the take goes on.
         """
-        if not self._done.wait(timeout):
+        if not wait_interruptibly(self._done.wait, timeout):
             raise WaitTimeoutError(
                 f"the snapshot at {self.path!r} is still being written after {timeout} s; nothing was lost: "
                 "call wait() again, or check done()"
