@@ -248,12 +248,13 @@ async def refuse_folder_of_snapshots(plugin: StoragePlugin, path: str, *, writer
     except Exception as exc:
         raise storage_error(exc, path, action="listing")  # noqa: B904 - the cause is set
     if steps:
+        root = path.rstrip("/")
         raise FolderOfSnapshotsError(
-            f"{path!r} is a folder of {len(steps)} snapshot{'s' if len(steps) > 1 else ''} "
+            f"{root!r} is a folder of {len(steps)} snapshot{'s' if len(steps) > 1 else ''} "
             f"({first_few([step_dir(step) for step in steps], 3, show=str)}), a SnapshotManager's root: a snapshot "
             "written into it would sit beside them, where neither the manager nor `snapshotkit ls` sees it. "
-            f"Nothing was written. Give the {writer} the path of its own step, '{path.rstrip('/')}/step_<n>' "
-            f"(the newest here is '{path.rstrip('/')}/{step_dir(steps[-1])}')",
+            f"Nothing was written. Give the {writer} the path of its own step, '{root}/step_<n>' "
+            f"(the newest here is '{root}/{step_dir(steps[-1])}')",
             tuple(steps),
         )
 
