@@ -5,6 +5,10 @@ and each committed snapshot's manifest is read, verified and decoded; nothing el
 A snapshot's size is its manifest plus its data objects, each as long as the end of its last
 piece (a take writes them so), since the storage SPI has no size call; an incomplete snapshot
 has no manifest to say, so its size is unknown.
+
+A snapshot at the root itself beside the steps (a take into the root instead of into a step) is
+a stray: ``ls`` reports it, and ``info`` on the root describes the folder instead of it
+(:func:`refuse_stray_at_root`).
 """
 
 from __future__ import annotations

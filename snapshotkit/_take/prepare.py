@@ -98,8 +98,9 @@ def prepare_take(
     ``_custom_tensor_prepare_func`` hook) are the take's arguments as the caller gave them: they
     are checked here, first; each rank keeps what its own patterns select. A failure on any rank
     (an invalid argument or app_state, a ``state_dict()`` that raises, patterns that select
-    nothing, an existing snapshot at the path, a base that cannot be read or lies outside the
-    folder that holds the path) makes every rank raise here, before anything is written.
+    nothing, an existing snapshot at the path or ``step_<n>`` snapshots below it, a base that
+    cannot be read or lies outside the folder that holds the path) makes every rank raise here,
+    before anything is written.
     ``load_base`` (an incremental take) reads the base's manifest on every rank. Without
     ``open_plugin`` nothing touches storage: a rehearsal that only plans (``prepare_async``).
     """
