@@ -9,6 +9,7 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
     │   ├── IncompleteSnapshotError                        data objects but no manifest
     │   └── ForeignCheckpointError                         another library's checkpoint is there
     ├── SnapshotExistsError            (FileExistsError)    take onto an existing snapshot
+│   └── FolderOfSnapshotsError                         take into a folder of step_<n> snapshots
     ├── ExportExistsError              (FileExistsError)    export onto an existing file or directory
     ├── InvalidAppStateError           (TypeError)          app_state value is not Stateful
     ├── InvalidArgumentError           (TypeError)          an argument of the wrong type (path=None)
@@ -58,6 +59,7 @@ __all__ = [
     "CommitOutcomeUnknownError",
     "ConfigError",
     "ExportExistsError",
+    "FolderOfSnapshotsError",
     "ForeignCheckpointError",
     "ImportSourceError",
     "IncompleteSnapshotError",
@@ -122,6 +124,21 @@ class SnapshotExistsError(SnapshotkitError, FileExistsError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class FolderOfSnapshotsError(SnapshotExistsError):
+    """A take was asked to write into a folder that holds ``step_<n>`` snapshots below it (a
+    :class:`~snapshotkit.SnapshotManager`'s root), most likely with the ``/step_<n>`` forgotten:
+    its snapshot would sit beside them, where neither the manager nor ``snapshotkit ls`` counts
+    it. Refused before anything is written.
+
+    Attributes:
+        steps: the committed steps found below the path, ascending.
+    """
+
+    def __init__(self, message: str, steps: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.steps = steps
 
 
 class ExportExistsError(SnapshotkitError, FileExistsError):

@@ -26,8 +26,9 @@ from snapshotkit import _events
 from snapshotkit._app_state import validate_app_state
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
+from snapshotkit._format.steps import RootListing, step_dir
 from snapshotkit._lifecycle import fallback
-from snapshotkit._lifecycle.catalog import MANAGER_KEY, RootListing, manager_record, step_dir
+from snapshotkit._lifecycle.catalog import MANAGER_KEY, manager_record
 from snapshotkit._lifecycle.chains import SavePlan, check_incremental, plan_save
 from snapshotkit._lifecycle.janitor import RootJanitor
 from snapshotkit._lifecycle.preemption import PreemptionWatcher

@@ -138,7 +138,7 @@ class Snapshot:
             The committed snapshot.
 
         Raises:
-            SnapshotExistsError: ``path`` already holds a snapshot (it is never overwritten).
+            SnapshotExistsError: ``path`` holds a snapshot, or ``step_<n>`` ones below it (``FolderOfSnapshotsError``).
             InvalidArgumentError: ``path`` is not a ``str`` or ``os.PathLike``; ``metadata`` is not
                 a mapping; ``include`` or ``exclude`` is not a list of ``str`` patterns;
                 ``_custom_tensor_prepare_func`` is not callable.

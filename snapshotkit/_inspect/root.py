@@ -5,6 +5,10 @@ and each committed snapshot's manifest is read, verified and decoded; nothing el
 A snapshot's size is its manifest plus its data objects, each as long as the end of its last
 piece (a take writes them so), since the storage SPI has no size call; an incomplete snapshot
 has no manifest to say, so its size is unknown.
+
+A snapshot at the root itself beside the steps (a take into the root instead of into a step) is
+a stray: ``ls`` reports it, and ``info`` on the root describes the folder instead of it
+(:func:`refuse_stray_at_root`).
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from typing import Any
 
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME
+from snapshotkit._format.steps import parse_listing, step_dir
 from snapshotkit._inspect.pieces import data_object_bytes
-from snapshotkit._lifecycle.catalog import MANAGER_KEY, empty_step_dirs, manager_record, parse_listing, step_dir
+from snapshotkit._lifecycle.catalog import MANAGER_KEY, empty_step_dirs, manager_record
 from snapshotkit._lifecycle.janitor import run_on_root
+from snapshotkit._restore.absent import not_found
 from snapshotkit._runtime.loop import gather_or_cancel
-from snapshotkit.errors import ManifestError
+from snapshotkit.errors import ManifestError, SnapshotNotFoundError
 from snapshotkit.storage import StoragePlugin
 
 #: Manifests read at once.
@@ -82,6 +88,32 @@ def summarize_root(root: str, storage_options: Mapping[str, Any] | None) -> Root
     )
 
 
+def refuse_stray_at_root(path: str, storage_options: Mapping[str, Any] | None) -> None:
+    """Raise if the snapshot at ``path`` is a stray: a snapshot taken into a folder of ``step_<n>``
+    snapshots (a manager's root) instead of into a step. ``snapshotkit info`` then says what it says
+    of a folder of snapshots, and mentions the stray. Costs one listing of ``path``.
+
+    Raises:
+        SnapshotNotFoundError: ``path`` is such a folder (the message names its snapshots).
+        StorageError: listing failed (the message names the path).
+    """
+    path = path.rstrip("/")
+    error = run_on_root(path, storage_options or {}, functools.partial(_stray_error, root=path), f"listing {path!r}")
+    if error is not None:
+        raise error
+
+
+async def _stray_error(plugin: StoragePlugin, root: str) -> SnapshotNotFoundError | None:
+    if not parse_listing(await plugin.list("")).stray_snapshot:
+        return None
+    folder = await not_found(plugin, root, ())
+    return SnapshotNotFoundError(
+        f"{folder}. It also holds a stray snapshot at {root!r} itself, beside the steps (a take into the folder "
+        f"instead of into a step), which no SnapshotManager counts: `snapshotkit ls {root}` says how to move it "
+        "into a step of its own"
+    )
+
+
 async def _summarize(plugin: StoragePlugin, root: str) -> RootSummary:
     locations = await plugin.list("")
     listing = parse_listing(locations)
@@ -94,7 +126,7 @@ async def _summarize(plugin: StoragePlugin, root: str) -> RootSummary:
 
     found = await gather_or_cancel([committed(step) for step in listing.committed])
     found.extend(StepSummary(step, f"{root}/{step_dir(step)}", "incomplete") for step in [*listing.incomplete, *empty])
-    return RootSummary(root, tuple(sorted(found, key=lambda s: s.step)), METADATA_FILENAME in locations)
+    return RootSummary(root, tuple(sorted(found, key=lambda s: s.step)), listing.root_snapshot)
 
 
 async def _read_step(plugin: StoragePlugin, root: str, step: int) -> StepSummary:

@@ -3,7 +3,8 @@
 The root is read through its storage plugin's listing (one ``list`` call; object stores page
 through it). Names are the only thing trusted from a listing; what a committed snapshot is
 (its step, its metrics, whether a manager wrote it) comes from its manifest, whose integrity
-line is verified like any restore's.
+line is verified like any restore's. What the names say (the ``step_<n>`` directories, which are
+committed, a snapshot at the root itself) is :mod:`snapshotkit._format.steps`'s to read.
 
 IMPORTANT: only objects whose names snapshotkit itself writes (data objects, the manifest and
 its temporary) are ever deleted, and a directory holding anything else is left alone, so a
@@ -13,84 +14,18 @@ foreign checkpoint (DCP, a user's files) that happens to sit under ``step_<n>`` 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME, OWN_OBJECT
+from snapshotkit._format.steps import RootListing, StepObjects, parse_listing, step_dir, step_of
 from snapshotkit._lifecycle.retention import StepRecord
 from snapshotkit.errors import ManifestError, SnapshotkitError
 from snapshotkit.storage import StoragePlugin
 
 #: The user-metadata key under which a manager records step, metrics and reason.
 MANAGER_KEY = "snapshotkit.manager"
-
-_STEP_DIR = re.compile(r"step_(0|[1-9][0-9]*)")
-
-
-def step_dir(step: int) -> str:
-    """The directory (location prefix, no slash) of ``step``'s snapshot below the root."""
-    return f"step_{step}"
-
-
-def step_of(name: str) -> int | None:
-    """The step of the directory ``name`` below the root (``"step_10"`` -> 10); None for any other name."""
-    match = _STEP_DIR.fullmatch(name)
-    return int(match.group(1)) if match is not None else None
-
-
-@dataclasses.dataclass(frozen=True)
-class StepObjects:
-    """The objects below one ``step_<n>`` directory of the root.
-
-    Attributes:
-        step: ``n``.
-        locations: every object below it, relative to the root, sorted.
-    """
-
-    step: int
-    locations: tuple[str, ...]
-
-    @property
-    def committed(self) -> bool:
-        """Whether the manifest is there (the take committed)."""
-        return f"{step_dir(self.step)}/{METADATA_FILENAME}" in self.locations
-
-    @property
-    def only_ours(self) -> bool:
-        """Whether every object is one a take writes (so removing them removes nothing foreign)."""
-        prefix = step_dir(self.step) + "/"
-        return all(OWN_OBJECT.fullmatch(location.removeprefix(prefix)) for location in self.locations)
-
-
-@dataclasses.dataclass(frozen=True)
-class RootListing:
-    """The ``step_<n>`` directories of a root, by step."""
-
-    steps: Mapping[int, StepObjects]
-
-    @property
-    def committed(self) -> list[int]:
-        """Steps with a committed snapshot, ascending."""
-        return sorted(step for step, objects in self.steps.items() if objects.committed)
-
-    @property
-    def incomplete(self) -> list[int]:
-        """Steps with objects but no manifest (a take that never committed, or a deletion cut short)."""
-        return sorted(step for step, objects in self.steps.items() if not objects.committed)
-
-
-def parse_listing(locations: Sequence[str]) -> RootListing:
-    """Group a root's listing by ``step_<n>`` directory; every other entry is ignored."""
-    grouped: dict[int, list[str]] = {}
-    for location in locations:
-        head, slash, _ = location.partition("/")
-        match = _STEP_DIR.fullmatch(head)
-        if slash and match is not None:
-            grouped.setdefault(int(match.group(1)), []).append(location)
-    return RootListing({step: StepObjects(step, tuple(sorted(found))) for step, found in grouped.items()})
 
 
 async def list_root(plugin: StoragePlugin) -> RootListing:
@@ -115,11 +50,11 @@ async def empty_step_dirs(plugin: StoragePlugin, listing: RootListing) -> list[i
         return []
     steps = []
     for name in await plugin.list_dirs(""):
-        match = _STEP_DIR.fullmatch(name)
-        if match is None or int(match.group(1)) in listing.steps:
+        step = step_of(name)
+        if step is None or step in listing.steps:
             continue
-        if await _holds_only_take_dirs(plugin, int(match.group(1))):
-            steps.append(int(match.group(1)))
+        if await _holds_only_take_dirs(plugin, step):
+            steps.append(step)
     return sorted(steps)
 
 

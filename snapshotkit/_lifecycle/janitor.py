@@ -19,18 +19,16 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from snapshotkit import _events
+from snapshotkit._format.entries import METADATA_FILENAME
+from snapshotkit._format.steps import RootListing, StepObjects, step_dir, step_of
 from snapshotkit._lifecycle.catalog import (
     MANAGER_KEY,
-    RootListing,
-    StepObjects,
     delete_snapshot,
     empty_step_dirs,
     list_root,
     manager_record,
     read_metadata,
     read_record,
-    step_dir,
-    step_of,
 )
 from snapshotkit._lifecycle.chains import base_steps, deletion_order, since_full, with_bases
 from snapshotkit._lifecycle.retention import RetentionPolicy, StepRecord, kept_steps
@@ -58,12 +56,31 @@ class RootJanitor:
         self._records: dict[int, StepRecord | None] = {}
         # committed step -> the steps of this root its manifest lists as bases; cached once read
         self._bases: dict[int, frozenset[int]] = {}
+        self._stray_reported = False
 
     def path(self, step: int) -> str:
         return f"{self.root}/{step_dir(step)}"
 
     def listing(self) -> RootListing:
-        return self._run(list_root, f"listing {self.root!r}")
+        return self._noticed(self._run(list_root, f"listing {self.root!r}"))
+
+    def _noticed(self, listing: RootListing) -> RootListing:
+        """``listing``, after a WARNING (once per manager) if a snapshot sits at the root itself
+        beside the steps: it is none of the manager's, so nothing here restores or deletes it."""
+        with self._lock:
+            report = listing.stray_snapshot and not self._stray_reported
+            self._stray_reported = self._stray_reported or report
+        if report:
+            _log.warning(
+                "%s holds a snapshot at the root itself (%s/%s and its data/, beside the step_<n> snapshots): "
+                "a take into the root instead of into a step. It is not one of the manager's steps: it is never "
+                "restored nor deleted. `snapshotkit ls %s` says how to move it into a step or remove it",
+                self.root,
+                self.root,
+                METADATA_FILENAME,
+                self.root,
+            )
+        return listing
 
     def remember(self, record: StepRecord) -> None:
         """``record``'s snapshot was just committed by this manager."""
@@ -76,6 +93,7 @@ class RootJanitor:
         leaves its committed steps alone)."""
         with self._lock:
             listing, empty = self._run(_listing_and_empty_dirs, f"listing {self.root!r}")
+            self._noticed(listing)
             removed: list[int] = []
             for step in sorted({*listing.incomplete, *empty} - {writing}):
                 objects = listing.steps.get(step, StepObjects(step, ()))

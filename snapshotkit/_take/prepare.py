@@ -20,6 +20,7 @@ from snapshotkit._config import Config
 from snapshotkit._dist import Group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME
+from snapshotkit._format.steps import parse_listing, step_dir, step_of
 from snapshotkit._format.user_metadata import check_user_metadata
 from snapshotkit._plan.decide import Decision, decide
 from snapshotkit._plan.digest import shared_values_digest, structure_digest
@@ -38,7 +39,7 @@ from snapshotkit._take.collect import (
 from snapshotkit._take.commit import storage_error
 from snapshotkit._take.reuse import ReuseIndex, build_reuse_index
 from snapshotkit._text import first_few
-from snapshotkit.errors import ConfigError, SnapshotExistsError, SnapshotkitError
+from snapshotkit.errors import ConfigError, FolderOfSnapshotsError, SnapshotExistsError, SnapshotkitError
 from snapshotkit.storage import StoragePlugin, url_to_storage_plugin
 from snapshotkit.storage._registry import split_uri
 
@@ -97,8 +98,9 @@ def prepare_take(
     ``_custom_tensor_prepare_func`` hook) are the take's arguments as the caller gave them: they
     are checked here, first; each rank keeps what its own patterns select. A failure on any rank
     (an invalid argument or app_state, a ``state_dict()`` that raises, patterns that select
-    nothing, an existing snapshot at the path, a base that cannot be read or lies outside the
-    folder that holds the path) makes every rank raise here, before anything is written.
+    nothing, an existing snapshot at the path or ``step_<n>`` snapshots below it, a base that
+    cannot be read or lies outside the folder that holds the path) makes every rank raise here,
+    before anything is written.
     ``load_base`` (an incremental take) reads the base's manifest on every rank. Without
     ``open_plugin`` nothing touches storage: a rehearsal that only plans (``prepare_async``).
     """
@@ -204,10 +206,13 @@ def _open(open_plugin: Callable[[str], StoragePlugin], path: str) -> StoragePlug
 
 
 async def refuse_existing(plugin: StoragePlugin, path: str, *, writer: str = "take") -> None:
-    """Raise if ``path`` (served by ``plugin``) already holds a snapshot: nothing is ever overwritten.
+    """Raise if ``path`` (served by ``plugin``) already holds a snapshot, or ``step_<n>`` snapshots
+    below it: nothing is ever overwritten, and no snapshot goes among a manager's steps.
 
     Raises:
         SnapshotExistsError: there is one; the message says what to do (``writer`` names the caller).
+        FolderOfSnapshotsError: ``path`` is a folder of ``step_<n>`` snapshots (see
+            :func:`refuse_folder_of_snapshots`).
         StorageError: checking failed (the plugin's error is the cause).
     """
     try:
@@ -218,6 +223,40 @@ async def refuse_existing(plugin: StoragePlugin, path: str, *, writer: str = "ta
         raise SnapshotExistsError(
             f"a snapshot already exists at {path!r}; snapshotkit never overwrites one. "
             f"Give the {writer} a new path (e.g. one per step: .../step_1000)"
+        )
+    await refuse_folder_of_snapshots(plugin, path, writer=writer)
+
+
+async def refuse_folder_of_snapshots(plugin: StoragePlugin, path: str, *, writer: str = "take") -> None:
+    """Raise if committed ``step_<n>`` snapshots lie below ``path`` (a SnapshotManager's root, read
+    as the manager reads it): a snapshot written there would sit beside them, unseen.
+
+    Costs one listing of ``path`` (on S3 one ``ListObjectsV2`` request for a fresh path; a root's
+    refusal pages through its keys). On a file system the directories below ``path`` are looked at
+    first, so a directory without ``step_<n>`` subdirectories is never walked. A store that cannot
+    list is not checked.
+
+    Raises:
+        FolderOfSnapshotsError: there are some; the message names a few and the path meant.
+        StorageError: listing failed (the plugin's error is the cause).
+    """
+    if not plugin.capabilities.listing:
+        return
+    try:
+        if plugin.capabilities.directories and all(step_of(name) is None for name in await plugin.list_dirs("")):
+            return
+        steps = parse_listing(await plugin.list("")).committed
+    except Exception as exc:
+        raise storage_error(exc, path, action="listing")  # noqa: B904 - the cause is set
+    if steps:
+        root = path.rstrip("/")
+        raise FolderOfSnapshotsError(
+            f"{root!r} is a folder of {len(steps)} snapshot{'s' if len(steps) > 1 else ''} "
+            f"({first_few([step_dir(step) for step in steps], 3, show=str)}), a SnapshotManager's root: a snapshot "
+            "written into it would sit beside them, where neither the manager nor `snapshotkit ls` sees it. "
+            f"Nothing was written. Give the {writer} the path of its own step, '{root}/step_<n>' "
+            f"(the newest here is '{root}/{step_dir(steps[-1])}')",
+            tuple(steps),
         )
 
 

@@ -11,6 +11,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._inspect.root import refuse_stray_at_root
 from snapshotkit._inspect.summary import (
     DtypeTotal,
     Leaf,
@@ -56,9 +57,13 @@ def info(snapshot: str, depth: int, *, common: Common) -> int:
     (count and bytes), and the tree of logical paths down to --depth with each leaf's dtype, shape,
     bytes and sharding: replicated (stored once for every rank), per-rank (each rank its own) or
     sharded (a DTensor/ShardedTensor, with its shard count).
+
+    A folder of step_<n> snapshots is described as one, also when a snapshot was taken into the
+    folder itself (a stray beside the steps, which `snapshotkit ls` says how to move).
     """
     handle = Snapshot(snapshot, storage_options=common.storage_options)
     metadata = handle.metadata
+    refuse_stray_at_root(handle.path, common.storage_options)
     found = leaves(metadata)
     nodes = tree(found, containers(metadata), depth)
     totals = dtype_totals(metadata)

@@ -10,8 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from snapshotkit._config import snapshot_path
+from snapshotkit._format.entries import METADATA_FILENAME
+from snapshotkit._format.steps import step_of
 from snapshotkit._inspect.root import RootSummary, StepSummary, summarize_root
-from snapshotkit._lifecycle.catalog import step_of
 from snapshotkit.cli._common import EXIT_ERROR, EXIT_OK, Common, command_options, compact_json, console, emit_json
 from snapshotkit.cli._common import format_bytes as human
 
@@ -23,6 +24,9 @@ SCHEMA = "snapshotkit.ls/1"
 @command_options
 def ls(root: str, *, common: Common) -> int:
     """List the step_<n> snapshots under ROOT (a SnapshotManager's root), oldest first.
+
+    A snapshot at ROOT itself beside the steps (a take into ROOT instead of into a step) is
+    reported after them, with how to move it into a step of its own.
 
     For each: step, status (complete, incomplete: a take that never committed, or damaged: the
     manifest fails its check), when it was taken, its size (manifest and data objects; unknown
@@ -85,7 +89,22 @@ def _base_text(step: StepSummary) -> str:
 
 
 def to_json(summary: RootSummary) -> dict[str, Any]:
-    return {"schema": SCHEMA, "root": summary.root, "snapshots": [step_json(step) for step in summary.steps]}
+    return {
+        "schema": SCHEMA,
+        "root": summary.root,
+        "snapshots": [step_json(step) for step in summary.steps],
+        "snapshot_at_root": summary.is_snapshot,
+    }
+
+
+def stray_warning(root: str) -> str:
+    """What to say about a snapshot at ``root`` itself, beside its ``step_<n>`` snapshots."""
+    return (
+        f"warning: a snapshot sits at {root} itself ({root}/{METADATA_FILENAME} and {root}/data/), not in a "
+        f"step: a take into the root instead of into {root}/step_<n>. No SnapshotManager counts, restores or "
+        f"deletes it. To keep it, copy it into a step of its own: snapshotkit consolidate {root} {root}/step_<n>; "
+        f"then remove it from the root: first {root}/{METADATA_FILENAME}, then {root}/data/"
+    )
 
 
 def _metric(name: str, value: float | None) -> str:
@@ -128,3 +147,5 @@ def _print(summary: RootSummary) -> None:
     others = len(summary.steps) - len(complete)
     tail = f", {others} not complete" if others else ""
     out.print(Text(f"{len(summary.steps)} snapshots: {len(complete)} complete ({human(total)}){tail}"))
+    if summary.is_snapshot:
+        out.print(Text(stray_warning(summary.root), style="yellow"))

@@ -58,7 +58,7 @@ def parse_json(stdout: str) -> dict[str, Any]:
 
 #: Top-level members of each command's JSON document (docs/cli.md), and their types.
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "snapshotkit.ls/1": {"schema": str, "root": str, "snapshots": list},
+    "snapshotkit.ls/1": {"schema": str, "root": str, "snapshots": list, "snapshot_at_root": bool},
     "snapshotkit.info/1": {
         "schema": str,
         "snapshot": str,

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from _snapshots import MANIFEST, flip_byte, piece_of
+from _snapshots import MANIFEST, flip_byte, piece_of, plant_snapshot_at
 from click.testing import CliRunner, Result
 from rich.console import Console
 
 from cli._cli import check_schema, parse_json
-from snapshotkit import Snapshot, StateDict
+from snapshotkit import Snapshot, SnapshotManager, StateDict
 from snapshotkit.cli import _verify, main
 
 GOLDEN_V2 = Path(__file__).resolve().parents[1] / "golden" / "v2" / "sharded"
@@ -41,6 +41,26 @@ def test_ls_edge_cases(tmp_path: Path) -> None:
     assert "is itself a snapshot" in invoke("ls", str(tmp_path / "snap")).stdout
     result = invoke("ls", str(tmp_path / "absent"))
     assert result.exit_code == 2 and "no directory at" in result.stderr
+
+
+def test_ls_and_info_report_a_snapshot_at_the_root_itself(tmp_path: Path) -> None:
+    # Before: ls listed the steps and said nothing; info described the stray snapshot.
+    root = tmp_path / "run"
+    with SnapshotManager(str(root), preemption_signals=(), async_executor=None) as mgr:
+        for step in (1, 2):
+            mgr.save(step, {"m": StateDict(x=step)})
+    plant_snapshot_at(root)
+    result = invoke("ls", str(root))
+    assert result.exit_code == 0
+    assert "2 snapshots: 2 complete" in result.stdout
+    assert f"warning: a snapshot sits at {root} itself ({root}/{MANIFEST} and {root}/data/)" in result.stdout
+    assert f"snapshotkit consolidate {root} {root}/step_<n>" in result.stdout
+    assert parse_json(invoke("ls", str(root), "--json").stdout)["snapshot_at_root"] is True
+    result = invoke("info", str(root))
+    assert result.exit_code == 2
+    assert "is not a snapshot but a folder of 2 snapshots (step_1 ... step_2)" in result.stderr
+    assert f"It also holds a stray snapshot at {str(root)!r} itself" in result.stderr
+    assert f"`snapshotkit ls {root}`" in result.stderr
 
 
 def test_info_text_and_depth(root: Path) -> None:

@@ -19,7 +19,12 @@ from snapshotkit import Snapshot
 from snapshotkit._format.checksum import content_hash
 from snapshotkit._format.entries import pieces_of
 from snapshotkit.convert import consolidate_snapshot, export_snapshot
-from snapshotkit.errors import BaseSnapshotError, ChecksumMismatchError, SnapshotExistsError
+from snapshotkit.errors import (
+    BaseSnapshotError,
+    ChecksumMismatchError,
+    FolderOfSnapshotsError,
+    SnapshotExistsError,
+)
 from snapshotkit.manifest import SnapshotMetadata
 from snapshotkit.verify import verify_snapshot
 
@@ -132,6 +137,15 @@ def test_an_existing_destination_is_never_overwritten(chain: tuple[Path, dict[st
     with pytest.raises(SnapshotExistsError):
         consolidate_snapshot(run / "step_3", run / "step_3")
     assert files_of(run / "step_2") == before
+
+
+def test_a_copy_into_the_run_folder_itself_is_refused(chain: tuple[Path, dict[str, Any]]) -> None:
+    # Before: the copy was written at the run folder itself, beside its step_<n> snapshots.
+    run, _ = chain
+    before = files_of(run)
+    with pytest.raises(FolderOfSnapshotsError, match="Give the consolidate the path of its own step"):
+        consolidate_snapshot(run / "step_3", run)
+    assert files_of(run) == before
 
 
 @pytest.mark.parametrize("to", ["torch", "safetensors", "dcp"])

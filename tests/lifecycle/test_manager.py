@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from _snapshots import files_of, plant_snapshot_at
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -434,3 +435,29 @@ def test_no_temporary_files_left_after_a_local_run(tmp_path: Path) -> None:
         run_loop(mgr, make_state(), 9)
     assert [p for p in files_under(tmp_path) if ".tmp" in p] == []
     assert sorted(os.listdir(tmp_path)) == ["step_6", "step_8"]
+
+
+def test_a_snapshot_at_the_root_is_reported_once_and_is_never_a_step(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: the manager said nothing of it (and ls, info described it or nothing).
+    root = tmp_path / "run"
+    state = make_state()
+    with SnapshotManager(str(root), preemption_signals=(), async_executor=None) as mgr:
+        mgr.save(1, state)
+    plant_snapshot_at(root)
+    stray = {name: data for name, data in files_of(root).items() if not name.startswith("step_")}
+    caplog.set_level(logging.WARNING, logger="snapshotkit.manager")
+    with SnapshotManager(str(root), keep_last=1, preemption_signals=(), async_executor=None) as mgr:
+        for step in (2, 3):
+            train_step(state)
+            mgr.save(step, state, async_take=step == 3)
+        mgr.wait()
+        assert mgr.steps() == [3] and mgr.latest_step() == 3
+        assert mgr.restore_latest(make_state(seed=1)) == 3
+        mgr.cleanup()
+    reported = [r.getMessage() for r in caplog.records if "snapshot at the root itself" in r.getMessage()]
+    assert len(reported) == 1, reported
+    assert "never restored nor deleted" in reported[0] and f"`snapshotkit ls {root}`" in reported[0]
+    assert {name: data for name, data in files_of(root).items() if not name.startswith("step_")} == stray
+    assert Snapshot(str(root)).metadata.world_size == 1  # still there, untouched

@@ -412,3 +412,30 @@ def test_a_process_local_store_is_refused_with_many_ranks() -> None:
     assert "with 2 ranks" in results[0][0]
     assert results[1][0].startswith("RankFailedError") and "process-local store" in results[1][0]
     assert results[0][1] == results[1][1] == []  # nothing written on any rank
+
+
+def _take_into_a_manager_root(rank: int, world: int, root: str) -> list[str]:
+    from snapshotkit import SnapshotManager
+
+    with SnapshotManager(root, preemption_signals=(), async_executor=None) as mgr:
+        mgr.save(1, {"s": StateDict(x=torch.ones(10) * rank)})
+    found = []
+    for take in (Snapshot.take, Snapshot.async_take):
+        try:
+            take(root, {"s": StateDict(x=torch.ones(10) * rank)})
+        except Exception as exc:
+            found.append(f"{type(exc).__name__}: {exc}")
+        else:
+            found.append("no error")
+    return found
+
+
+def test_a_take_into_a_manager_root_is_refused_on_every_rank(tmp_path: Path) -> None:
+    # Before: the ranks wrote a snapshot at the root itself, beside step_1.
+    root = tmp_path / "run"
+    results = run_ranks(2, _take_into_a_manager_root, str(root), timeout=60)
+    for message in results[0]:
+        assert message.startswith(f"FolderOfSnapshotsError: {str(root)!r} is a folder of 1 snapshot (step_1)")
+    for message in results[1]:
+        assert message.startswith("RankFailedError") and "is a folder of 1 snapshot" in message
+    assert sorted(p.name for p in root.iterdir()) == ["step_1"]
