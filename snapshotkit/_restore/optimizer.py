@@ -76,13 +76,11 @@ class SkippedState:
     Attributes:
         paths: every saved leaf path below the skipped ``state/<id>`` entries, sorted.
         roots: the logical paths of the skipped ``state/<id>`` entries.
-        keys: their keys in the saved ``state`` dict.
         params: the optimizer's parameters they map to; each keeps its current state.
     """
 
     paths: tuple[str, ...] = ()
     roots: tuple[str, ...] = ()
-    keys: tuple[str | int, ...] = ()
     params: tuple[torch.Tensor, ...] = ()
 
 
@@ -127,7 +125,7 @@ def check_optimizer(
     state = containers.get(state_path)
     if not rules or not isinstance(state, DictEntry):
         return SkippedState()
-    skipped: list[tuple[str, str | int, torch.Tensor]] = []
+    skipped: list[tuple[str, torch.Tensor]] = []
     for key in state.keys:
         param_path = join_path(state_path, key)
         param = id_map.get(key)
@@ -152,14 +150,15 @@ def check_optimizer(
                     "optimizer with the saved shapes, or pass strict=False to leave this parameter's saved state out "
                     "(the optimizer starts it afresh; restore reports it in mismatched_keys)"
                 )
-            skipped.append((param_path, key, param))
+            skipped.append((param_path, param))
             break
-    below = tuple(path + "/" for path, _, _ in skipped)
+    if not skipped:
+        return SkippedState()
+    below = tuple(path + "/" for path, _ in skipped)
     return SkippedState(
         paths=tuple(sorted(path for path in leaves if path.startswith(below))),
-        roots=tuple(path for path, _, _ in skipped),
-        keys=tuple(key for _, key, _ in skipped),
-        params=tuple(param for _, _, param in skipped),
+        roots=tuple(path for path, _ in skipped),
+        params=tuple(param for _, param in skipped),
     )
 
 

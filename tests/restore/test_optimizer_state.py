@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 import torch
+from _snapshots import flip_byte, piece_of
 
-from snapshotkit import RestoreReport, Snapshot, StateDict
+from snapshotkit import RestoreReport, Snapshot, SnapshotManager, StateDict
 from snapshotkit.errors import StateMismatchError
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -22,6 +23,11 @@ MakeOptimizer = Callable[[Any], torch.optim.Optimizer]
 def _model(hidden: int, seed: int = 0) -> torch.nn.Sequential:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 2))
+
+
+def _layer(width: int, seed: int = 0) -> torch.nn.Sequential:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, width))
 
 
 def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int = 1, seed: int = 1) -> None:
@@ -238,3 +244,27 @@ def test_optimizers_in_their_own_format_are_not_checked(tmp_path: Path) -> None:
     report = Snapshot(str(path)).restore({"optim": holder})
     assert report == RestoreReport()
     _assert_same_state(holder["state"], _optimizer_state(saved))
+
+
+def test_restore_latest_refuses_a_fallback_that_left_out_state_a_failed_attempt_wrote(tmp_path: Path) -> None:
+    # Step 20's moments of parameter 0 land in the optimizer's own tensors, then fail their
+    # checksum; step 10 (saved over a narrower layer) fits none of the parameters, so with
+    # strict=False they would keep the damaged bytes the failed attempt left, and no key is
+    # missing (the saved state is empty once they are left out): only mismatched_keys tells.
+    with SnapshotManager(str(tmp_path), async_executor=None) as mgr:
+        for step, width in ((10, 3), (20, 5)):
+            model = _layer(width)
+            optimizer = _adamw(model.parameters())
+            _train(model, optimizer)
+            mgr.save(step, {"optim": optimizer})
+    data_object, start, _ = piece_of(tmp_path / "step_20", "optim/state/0/exp_avg")
+    flip_byte(data_object, start)
+    model = _layer(width=5, seed=7)
+    optimizer = _adamw(model.parameters())
+    _train(model, optimizer, seed=9)
+    mgr = SnapshotManager(str(tmp_path), async_executor=None)
+    with mgr, pytest.warns(RuntimeWarning, match="step 20"), pytest.raises(StateMismatchError) as info:
+        mgr.restore_latest({"optim": optimizer}, strict=False)
+    message = str(info.value)
+    assert "fell back from step 20 to step 10" in message
+    assert "'optim/state/0/exp_avg'" in message
