@@ -333,11 +333,11 @@ class Snapshot:
 
         Args:
             app_state: keys of the snapshot to restore, name -> object.
-            strict: with ``True`` (the default): an app_state key the snapshot lacks, a tensor
-                whose shape or dtype differs from its destination, a module whose keys differ,
-                or another object whose ``state_dict()`` has keys the snapshot lacks, raise
-                (nothing is loaded). With ``False``: an absent key is skipped (all its leaves
-                reported missing); mismatched tensors load fresh; modules load with
+            strict: with ``True`` (the default): an app_state key the snapshot lacks, a tensor whose shape or
+                dtype differs from its destination (an optimizer's state tensor: from its parameter), a module
+                whose keys differ, or another object whose ``state_dict()`` has keys the snapshot lacks, raise
+                (nothing is loaded). With ``False``: an absent key is skipped (all its leaves reported missing);
+                mismatched tensors load fresh (optimizer state: left out, in ``mismatched_keys``); modules load with
                 ``load_state_dict(strict=False)``; any other object gets the saved leaves merged
                 over its current ``state_dict()``, so keys the snapshot lacks keep their current
                 values, and the merged state is passed to its ``load_state_dict()``.
@@ -358,8 +358,8 @@ class Snapshot:
             AppStateKeyNotFoundError: (strict) an app_state key is not in the snapshot (a
                 ``LogicalPathNotFoundError``, also an ``AssertionError`` as in torchsnapshot).
             StateMismatchError: (strict) a tensor, module or object does not match (the message
-                lists up to ten keys of each side); whatever ``strict`` says, a destination on
-                the meta device or a module tensor of another shape.
+                lists up to ten keys of each side); whatever ``strict`` says, a destination on the meta
+                device, a module tensor of another shape, or optimizer parameter groups of other sizes.
             IntegrityError: stored bytes are corrupt or truncated.
             StorageError: the store failed (the plugin's error is the cause).
         """

@@ -82,10 +82,12 @@ def restore_newest(
             )
             last_error = exc
             continue
-        if tried and group.any(bool(report.missing_keys), "restore_latest: checking the fallback"):
+        # State not loaded keeps its current values, which the failed attempt may have written.
+        kept = report.missing_keys + report.mismatched_keys
+        if tried and group.any(bool(kept), "restore_latest: checking the fallback"):
             raise StateMismatchError(
                 f"restore_latest fell back from step {tried[0].step} to step {step}, which lacks some of the state "
-                f"({shown_paths(report.missing_keys)} on this rank): the failed attempt may have left "
+                f"({shown_paths(kept)} on this rank): the failed attempt may have left "
                 "its data there. Rebuild the objects and restore again (strict=False restores only what a "
                 "snapshot has)"
             )

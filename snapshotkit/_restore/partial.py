@@ -46,10 +46,16 @@ class RestoreReport:
         unexpected_keys: leaf paths the snapshot has and the destination's ``state_dict()`` does
             not, sorted. A module does not load them; any other object receives them with the
             rest of the state passed to ``load_state_dict()``.
+        mismatched_keys: leaf paths the snapshot has and that were not loaded because they do
+            not fit their destination (``strict=False``; ``strict=True`` raises instead), sorted:
+            today, every leaf of an optimizer parameter's saved state when one of its state
+            tensors has another shape than the parameter needs. That parameter keeps its current
+            state (a fresh optimizer creates it at the next ``step()``).
     """
 
     missing_keys: tuple[str, ...] = ()
     unexpected_keys: tuple[str, ...] = ()
+    mismatched_keys: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -16,6 +17,13 @@ import torch
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import DictEntry, Entry, ListEntry, TensorEntry, is_shared
 from snapshotkit._plan.flatten import Flattened, escape_key, flatten, inflate, join_path
+from snapshotkit._restore.optimizer import (
+    SkippedState,
+    check_optimizer,
+    keep_current_state,
+    leave_out,
+    uses_torch_format,
+)
 from snapshotkit._restore.partial import KeyDifference, RestoreReport, check_keys, compare, leaf_paths, merged_state
 from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
 from snapshotkit._text import first_few
@@ -134,12 +142,14 @@ def plan_restore(
 
     Raises:
         AppStateKeyNotFoundError: (strict) an app_state key is not in the snapshot.
-        StateMismatchError: (strict) keys or tensors differ (see :func:`~.partial.check_keys`).
+        StateMismatchError: (strict) keys or tensors differ (see :func:`~.partial.check_keys`), or an
+            optimizer's state does not fit its parameters (see :mod:`.optimizer`).
     """
     saved_keys = sorted({path.split("/", 1)[0] for path in view})
     steps: list[tuple[bool, Callable[[], None]]] = []
     missing: list[str] = []
     unexpected: list[str] = []
+    mismatched: list[str] = []
     for key in sorted(app_state):
         stateful = app_state[key]
         root = escape_key(key)
@@ -154,6 +164,12 @@ def plan_restore(
             missing.extend(leaf_paths(flatten(stateful.state_dict(), root), root))
             continue
         containers, leaves = subtree(view, root)
+        skipped, optimizer = SkippedState(), stateful if uses_torch_format(stateful) else None
+        if optimizer is not None:
+            skipped = check_optimizer(root, optimizer, containers, leaves, strict=strict)
+            if skipped.roots:  # strict=False: a parameter's saved state that does not fit it is not loaded
+                containers, leaves = leave_out(containers, leaves, skipped)
+                mismatched.extend(skipped.paths)
         # An RNGState has no destinations: it loads what was saved, whole (with or without CUDA or NumPy).
         current = None if is_rng else flatten(stateful.state_dict(), root)
         difference = KeyDifference()
@@ -178,8 +194,11 @@ def plan_restore(
                         destination = None
             thunks[path] = loader.add(path, entry, destination, matches=matches)
         merge_with = current if difference.missing_keys and not is_module else None
-        steps.append((is_rng, _load_step(stateful, root, containers, thunks, strict, merge_with, difference)))
-    report = RestoreReport(tuple(sorted(missing)), tuple(sorted(unexpected)))
+        step = _load_step(stateful, root, containers, thunks, strict, merge_with, difference)
+        if optimizer is not None and skipped.params:
+            step = functools.partial(keep_current_state, optimizer, skipped, step)
+        steps.append((is_rng, step))
+    report = RestoreReport(tuple(sorted(missing)), tuple(sorted(unexpected)), tuple(sorted(mismatched)))
     return RestorePlan([step for _, step in sorted(steps, key=lambda s: s[0])], report)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from snapshotkit import Snapshot, StateDict
+from snapshotkit import RestoreReport, Snapshot, StateDict
 from snapshotkit.manifest import ShardedTensorEntry
 
 from ._harness import run_ranks
@@ -127,3 +127,55 @@ def _sharded_tensor(rank: int, world: int, path: str) -> bool:
 
 def test_sharded_tensor_reshards_row_to_column(tmp_path: Path) -> None:
     assert run_ranks(3, _sharded_tensor, str(tmp_path / "snap")) == [True, True, True]
+
+
+def _fsdp_optimizer_direct(rank: int, world: int, path: str) -> dict[str, Any]:
+    """An FSDP2 optimizer passed to take and restore as it is: its state tensors are DTensors shaped
+    (globally) like their DTensor parameters, checked against them on restore."""
+    from torch.distributed.fsdp import fully_shard
+
+    from snapshotkit.errors import StateMismatchError
+
+    model, optim = _fsdp_model(seed=0)
+    _step(model, optim, seed=1)
+    Snapshot.take(path, {"model": model, "optim": optim})
+    saved = _full(torch.optim.Optimizer.state_dict(optim)["state"])
+
+    same, same_optim = _fsdp_model(seed=42)
+    _step(same, same_optim, seed=7)  # DTensor state to restore into
+    report = Snapshot(path).restore({"model": same, "optim": same_optim})
+    restored = _full(torch.optim.Optimizer.state_dict(same_optim)["state"])
+    _step(same, same_optim, seed=8)  # still a working optimizer
+
+    torch.manual_seed(3)
+    wider = torch.nn.Sequential(torch.nn.Linear(16, 35), torch.nn.ReLU(), torch.nn.Linear(35, 5))
+    for layer in wider:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(wider)
+    wider_optim = torch.optim.AdamW(wider.parameters(), lr=0.01)
+    try:
+        Snapshot(path).restore({"optim": wider_optim})
+    except StateMismatchError as exc:
+        message = str(exc)
+    else:
+        message = "restored"
+    return {
+        "report": report,
+        "saved": saved,
+        "restored": restored,
+        "message": message,
+        "wider_state": dict(wider_optim.state),
+    }
+
+
+def test_fsdp2_optimizer_state_is_checked_against_global_parameter_shapes(tmp_path: Path) -> None:
+    results = run_ranks(2, _fsdp_optimizer_direct, str(tmp_path / "snap"))
+    for result in results:
+        assert result["report"] == RestoreReport()
+        _assert_same(result["restored"], result["saved"], "optim")
+        message = result["message"]
+        assert "'optim/state/0/exp_avg'" in message
+        assert "has shape [35, 16]" in message  # global shapes, not the local shards'
+        assert "the snapshot has shape [33, 16]" in message
+        assert result["wider_state"] == {}
