@@ -38,7 +38,7 @@ from snapshotkit._take.collect import (
 from snapshotkit._take.commit import storage_error
 from snapshotkit._take.reuse import ReuseIndex, build_reuse_index
 from snapshotkit._text import first_few
-from snapshotkit.errors import ConfigError, SnapshotExistsError, SnapshotkitError
+from snapshotkit.errors import Advice, ConfigError, SnapshotExistsError, SnapshotkitError
 from snapshotkit.storage import StoragePlugin, url_to_storage_plugin
 from snapshotkit.storage._registry import split_uri
 
@@ -215,10 +215,9 @@ async def refuse_existing(plugin: StoragePlugin, path: str, *, writer: str = "ta
     except Exception as exc:
         raise storage_error(exc, path, location=METADATA_FILENAME, action="checking for")  # noqa: B904
     if exists:
-        raise SnapshotExistsError(
-            f"a snapshot already exists at {path!r}; snapshotkit never overwrites one. "
-            f"Give the {writer} a new path (e.g. one per step: .../step_1000)"
-        )
+        problem = f"a snapshot already exists at {path!r}; snapshotkit never overwrites one"
+        error = SnapshotExistsError(f"{problem}. Give the {writer} a new path (e.g. one per step: .../step_1000)")
+        raise error.advised(Advice(problem, "new_destination", (path,)))
 
 
 async def _refuse_existing_and_close(plugin: StoragePlugin, path: str, world_size: int) -> None:

@@ -24,6 +24,13 @@ import click
 from rich.console import Console
 from rich.logging import RichHandler
 
+from snapshotkit.cli._advice import reworded
+
+# The commands import these from here, with the rest of what they share.
+from snapshotkit.cli._output import console as console
+from snapshotkit.cli._output import is_plain as is_plain
+from snapshotkit.cli._output import print_lines as print_lines
+from snapshotkit.cli._output import print_table as print_table
 from snapshotkit.errors import IntegrityError, SnapshotkitError
 
 EXIT_OK = 0
@@ -157,7 +164,8 @@ def exit_status(exc: BaseException) -> int:
 def _report(exc: Exception, common: Common) -> int:
     if common.debug:
         traceback.print_exception(exc, file=sys.stderr)
-    message = " ".join(str(exc).split()) or type(exc).__name__
+    words = reworded(exc, _name()) if isinstance(exc, SnapshotkitError) else None
+    message = " ".join((words or str(exc)).split()) or type(exc).__name__
     if isinstance(exc, IntegrityError) and _name() != "verify":
         message += ". Run `snapshotkit verify` to list every damaged piece"
     elif isinstance(exc, OSError) and not isinstance(exc, SnapshotkitError):
@@ -174,11 +182,6 @@ def _configure_logging(debug: bool) -> None:
         handler = RichHandler(console=Console(stderr=True), show_time=False, show_path=False)
         logger.addHandler(handler)
     logger.setLevel(logging.INFO if debug else logging.WARNING)
-
-
-def console() -> Console:
-    """Where text output goes: stdout (plain text when it is not a terminal)."""
-    return Console(highlight=False, soft_wrap=True)
 
 
 def emit_json(document: dict[str, Any]) -> None:
@@ -215,9 +218,10 @@ def format_number(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def compact_json(value: Any, limit: int = 60) -> str:
+def compact_json(value: Any, limit: int | None = 60) -> str:
+    """``value`` as JSON on one line, cut to ``limit`` characters (``...`` at the end); whole for None."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 
 def plural(number: int, noun: str) -> str:
