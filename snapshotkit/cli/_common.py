@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import logging
 import math
+import os
 import re
 import sys
 import traceback
@@ -39,6 +41,8 @@ EXIT_FOUND = 1
 #: A usage or access error.
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
+#: The reader of stdout went away (128 + SIGPIPE, as a shell reports a tool SIGPIPE killed).
+EXIT_BROKEN_PIPE = 141
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -144,11 +148,26 @@ def command_options(func: Callable[..., int]) -> Callable[..., None]:
         except KeyboardInterrupt:
             click.echo(f"snapshotkit {_name()}: interrupted", err=True)
             status = EXIT_INTERRUPTED
+        except BrokenPipeError:
+            # The reader of a pipe went away (`snapshotkit ls ROOT | head`): stop quietly, as a
+            # shell tool killed by SIGPIPE would, with nothing more to write to it.
+            _silence_stdout()
+            status = EXIT_BROKEN_PIPE
         except Exception as exc:
             status = _report(exc, common)
         raise click.exceptions.Exit(status)
 
     return run
+
+
+def _silence_stdout() -> None:
+    """Point stdout at the null device, so that the interpreter's last flush has nowhere to fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):  # not a real file (a test runner's buffer)
+        pass
 
 
 def _name() -> str:

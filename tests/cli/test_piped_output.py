@@ -173,3 +173,17 @@ def test_the_python_api_keeps_its_words_and_carries_the_advice(run: Path, tmp_pa
     advice = info.value.advice
     assert advice is not None and advice.action == "new_destination"
     assert str(info.value).startswith(advice.problem) and advice.paths == (str(tmp_path / "taken.pt"),)
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``snapshotkit info SNAP | head -1``: no BrokenPipeError message, status 141 (as SIGPIPE)."""
+    Snapshot.take(str(tmp_path / "snap"), {"m": StateDict(**{f"value_{i:04d}_{'y' * 90}": i for i in range(2000)})})
+    command = [sys.executable, "-m", "snapshotkit", "info", str(tmp_path / "snap"), "--depth", "3"]
+    env = {"PYTHONPATH": str(CHECKOUT), "PATH": "/usr/bin:/bin"}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().startswith(b"snapshot ")
+        proc.stdout.close()  # more than a pipe's buffer is still to come
+        errors = proc.stderr.read()
+        assert proc.wait(timeout=120) == 141
+    assert errors == b""
