@@ -28,7 +28,8 @@ from rich.logging import RichHandler
 
 from snapshotkit.cli._advice import reworded
 
-# The commands import these from here, with the rest of what they share.
+# Re-exported ("x as x"): the commands import these from here, with the rest of what they share.
+from snapshotkit.cli._output import cell_text as cell_text
 from snapshotkit.cli._output import console as console
 from snapshotkit.cli._output import is_plain as is_plain
 from snapshotkit.cli._output import print_lines as print_lines

@@ -27,6 +27,7 @@ from snapshotkit._lifecycle.catalog import MANAGER_KEY
 from snapshotkit.cli._common import (
     EXIT_OK,
     Common,
+    cell_text,
     command_options,
     compact_json,
     console,
@@ -234,7 +235,7 @@ def _print(
         print_table(out, table)
     if is_plain(out):
         # One node a line, by its whole logical path (grep finds a path, not a last component).
-        print_lines(out, [path, *(_label(node, metadata.world_size, whole_path=True).plain for node in nodes)])
+        print_lines(out, [path, *(cell_text(_label(node, metadata.world_size, whole_path=True)) for node in nodes)])
         return
     root = Tree(Text(path, style="bold"))
     branches: dict[str, Tree] = {"": root}

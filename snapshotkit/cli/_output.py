@@ -29,12 +29,12 @@ def is_plain(out: Console) -> bool:
 
 
 def cell_text(cell: RenderableType | None) -> str:
-    """A table cell as one line of text: its characters as given, tabs and newlines escaped so that
-    the cell stays one field of one line."""
+    """A table cell as one line of text: its characters as given, except a tab, newline or carriage
+    return, written ``\\t``, ``\\n``, ``\\r`` so that the cell stays one field of one line."""
     if cell is None:
         return ""
     text = cell.plain if isinstance(cell, Text) else str(cell)
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return text.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def print_table(out: Console, table: Table) -> None:
