@@ -115,7 +115,9 @@ class Advice:
             is a folder of snapshots: open one of them; ``paths`` holds the folder and its latest
             snapshot, ``managed`` whether they are a manager's ``step_<n>``), ``"remove_leftovers"``
             (a take never committed: restore from an earlier snapshot; ``paths`` holds the folder
-            the leftovers are in, ``managed`` whether it is a manager's step).
+            the leftovers are in, ``managed`` whether it is a manager's step), ``"restore_another"``
+            (stored bytes are damaged: restore from another snapshot), ``"name_the_format"`` (an
+            import source whose format is not recognized; ``paths`` holds the formats it reads).
         paths: the paths the advice names, as ``action`` says.
         managed: whether ``paths`` are a ``SnapshotManager``'s (``step_<n>`` under its root).
     """

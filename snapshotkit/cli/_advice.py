@@ -37,4 +37,8 @@ def reworded(error: SnapshotkitError, command: str) -> str | None:
         root = advice.paths[0].rstrip("/").rpartition("/")[0] or "."
         cleanup = f" (`snapshotkit cleanup {shlex.quote(root)}` removes them)" if advice.managed else ""
         return f"{advice.problem}. Restore from an earlier snapshot; these leftovers hold nothing restorable{cleanup}"
+    if advice.action == "restore_another":
+        return f"{advice.problem}; restore from another snapshot"
+    if advice.action == "name_the_format" and command == "import":
+        return f"{advice.problem} (--from one of {', '.join(advice.paths)})"
     return None

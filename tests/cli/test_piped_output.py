@@ -144,8 +144,16 @@ def test_errors_name_the_command_lines_arguments_and_commands(run: Path, tmp_pat
         "info": invoke("info", str(run)).stderr,
         "show": invoke("show", str(run), "optim").stderr,
     }
+    errors["import-unknown"] = invoke("import", str(tmp_path / "taken.pt"), str(tmp_path / "new")).stderr
     torch.save({"w": torch.zeros(1)}, tmp_path / "model.pt")
     errors["import"] = invoke("import", str(tmp_path / "model.pt"), step_2).stderr
+    damaged = tmp_path / "damaged"
+    shutil.copytree(step_2, damaged)
+    data, offset, _ = piece_of(damaged, LONG_PATH)
+    flip_byte(data, offset)
+    errors["damaged"] = invoke("show", str(damaged), LONG_PATH).stderr
+    assert "The snapshot is corrupt; restore from another snapshot. Run `snapshotkit verify`" in errors["damaged"]
+    assert "(--from one of dcp, safetensors, torch, torchsnapshot)" in errors["import-unknown"]
     assert (
         errors["export"].rstrip().endswith("an export never overwrites. Give OUT a new path (one that holds nothing)")
     )
@@ -154,7 +162,7 @@ def test_errors_name_the_command_lines_arguments_and_commands(run: Path, tmp_pat
     assert f"Name one of them, e.g. `snapshotkit info {step_2}`; `snapshotkit ls {run}` lists them" in errors["info"]
     assert f"Name one of them, e.g. {step_2!r}" in errors["show"]
     for message in errors.values():
-        for python in (" dst", "the take", "Snapshot(", "SnapshotManager(", "app_state"):
+        for python in (" dst", "the take", "Snapshot(", "SnapshotManager(", "app_state", "verify_checksums", "source="):
             assert python not in message, (python, message)
 
     leftover = tmp_path / "with_leftover"
