@@ -42,14 +42,24 @@ FileNotFoundError`` keeps working for code that does not know snapshotkit::
         ├── CommitOutcomeUnknownError                       the manifest write failed and its outcome is unknown
         └── UnsafeStorageObjectError                        object is a symlink out of the root or not a file
 
-Messages say what was wrong, the offending value, and what to do next.
+Messages say what was wrong, the offending value, and what to do next. Where the advice is worded
+for the Python API (an argument, a method), the error's ``advice`` also holds it as data
+(:class:`Advice`), which the command line words in its own vocabulary.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
+import sys
+
+if sys.version_info >= (3, 11):
+    from typing import Self
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import Self
 
 __all__ = [
+    "Advice",
     "AppStateKeyNotFoundError",
     "BaseSnapshotError",
     "BucketNotFoundError",
@@ -90,8 +100,50 @@ __all__ = [
 ]
 
 
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    """What to do next about an error, as data, for an interface that says it in its own words.
+
+    A message says what was wrong and then what to do, in the words of the Python API (its
+    arguments, classes, methods). Where that advice names Python, the error also carries it as an
+    ``Advice``: the message up to the advice (``problem``), which advice it is (``action``) and the
+    values it names, so that another interface (the ``snapshotkit`` command line) can say the same
+    in its own vocabulary (its arguments, its commands).
+
+    Attributes:
+        problem: the message without its advice: what was wrong, with the offending value.
+        action: which advice: ``"new_destination"`` (write to a path that holds nothing yet; the
+            destination is the one argument the call writes to), ``"open_a_snapshot"`` (the path
+            is a folder of snapshots: open one of them; ``paths`` holds the folder and its latest
+            snapshot, ``managed`` whether they are a manager's ``step_<n>``), ``"remove_leftovers"``
+            (a take never committed: restore from an earlier snapshot; ``paths`` holds the folder
+            the leftovers are in, ``managed`` whether it is a manager's step), ``"restore_another"``
+            (stored bytes are damaged: restore from another snapshot), ``"name_the_format"`` (an
+            import source whose format is not recognized; ``paths`` holds the formats it reads).
+        paths: the paths the advice names, as ``action`` says.
+        managed: whether ``paths`` are a ``SnapshotManager``'s (``step_<n>`` under its root).
+    """
+
+    problem: str
+    action: str
+    paths: tuple[str, ...] = ()
+    managed: bool = False
+
+
 class SnapshotkitError(Exception):
-    """Root of every error snapshotkit raises on purpose."""
+    """Root of every error snapshotkit raises on purpose.
+
+    Attributes:
+        advice: what to do next as data (:class:`Advice`), where the message words it for the
+            Python API; None otherwise (the message's advice then suits every interface).
+    """
+
+    advice: Advice | None = None
+
+    def advised(self, advice: Advice) -> Self:
+        """Attach ``advice`` (what the message advises, as data) and return this error."""
+        self.advice = advice
+        return self
 
 
 class SnapshotNotFoundError(SnapshotkitError, FileNotFoundError):

@@ -23,6 +23,8 @@ def test_every_error_subclasses_snapshotkit_error_and_a_builtin() -> None:
     for name in errors.__all__:
         cls = getattr(errors, name)
         assert isinstance(cls, type), name
+        if cls is errors.Advice:  # what an error advises, as data: not an error
+            continue
         assert issubclass(cls, SnapshotkitError), name
         if cls is SnapshotkitError:
             continue
@@ -40,11 +42,11 @@ def test_errors_all_is_sorted_and_complete() -> None:
         for name, value in vars(errors).items()
         if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == errors.__name__
     }
-    assert set(errors.__all__) == defined
+    assert set(errors.__all__) == defined | {"Advice"}  # and the advice an error carries
     assert list(errors.__all__) == sorted(errors.__all__)
 
 
-@pytest.mark.parametrize("name", errors.__all__)
+@pytest.mark.parametrize("name", [name for name in errors.__all__ if name != "Advice"])
 def test_error_str_is_the_plain_message(name: str) -> None:
     cls = getattr(errors, name)
     exc = cls("something is wrong at 'x/y'; do this")
@@ -53,6 +55,14 @@ def test_error_str_is_the_plain_message(name: str) -> None:
     again = pickle.loads(pickle.dumps(exc))
     assert type(again) is cls
     assert str(again) == str(exc)
+
+
+def test_the_advice_an_error_carries_crosses_processes() -> None:
+    advice = errors.Advice("a snapshot already exists at 'x'", "new_destination", ("x",))
+    exc = errors.SnapshotExistsError(f"{advice.problem}. Give the take a new path").advised(advice)
+    again = pickle.loads(pickle.dumps(exc))
+    assert again.advice == advice and str(again) == str(exc)
+    assert errors.SnapshotkitError("no advice").advice is None
 
 
 def test_public_api_exposes_errors_module() -> None:

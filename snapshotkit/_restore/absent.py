@@ -27,6 +27,7 @@ from snapshotkit._format.foreign import (
 from snapshotkit._restore.failures import storage_failure
 from snapshotkit._text import describe_paths, first_few
 from snapshotkit.errors import (
+    Advice,
     ForeignCheckpointError,
     IncompleteSnapshotError,
     SnapshotkitError,
@@ -60,16 +61,21 @@ async def not_found(plugin: StoragePlugin, path: str, wanted: Sequence[str]) -> 
         return SnapshotNotFoundError(asked + _nothing_there(path))
     snapshots = sorted({name[: -len(_MANIFEST_SUFFIX)] for name in names if name.endswith(_MANIFEST_SUFFIX)})
     if snapshots:
-        return SnapshotNotFoundError(asked + _folder_of_snapshots(path, snapshots))
+        return _folder_of_snapshots(asked, path, snapshots)
     own = [name for name in names if OWN_OBJECT.fullmatch(name)]
     others = [name for name in names if not OWN_OBJECT.fullmatch(name)]
     if own and not others:
-        return IncompleteSnapshotError(
+        problem = (
             f"{asked}{path!r} holds {len(own)} data object(s) of a snapshotkit take ({_shown(own)}) but no "
             f"{METADATA_FILENAME}: the take that wrote them never committed (it failed or was interrupted), so "
-            "it is not a snapshot and none of its logical paths can be read. Restore from an earlier snapshot; "
-            "these leftovers hold nothing restorable (SnapshotManager.cleanup() removes a manager's)"
+            "it is not a snapshot and none of its logical paths can be read"
         )
+        error = IncompleteSnapshotError(
+            f"{problem}. Restore from an earlier snapshot; these leftovers hold nothing restorable "
+            "(SnapshotManager.cleanup() removes a manager's)"
+        )
+        managed = _STEP_DIR.fullmatch(path.rstrip("/").rsplit("/", 1)[-1]) is not None
+        return error.advised(Advice(problem, "remove_leftovers", (path,), managed))
     if own:
         return IncompleteSnapshotError(
             f"{asked}{path!r} holds no {METADATA_FILENAME} but {len(own)} data object(s) named like a snapshotkit "
@@ -151,17 +157,19 @@ def _nothing_there(path: str) -> str:
     return f"no snapshot at {path!r}: nothing exists there (its parent directory exists){hint or '; check the path'}"
 
 
-def _folder_of_snapshots(path: str, snapshots: Sequence[str]) -> str:
+def _folder_of_snapshots(asked: str, path: str, snapshots: Sequence[str]) -> SnapshotNotFoundError:
     """A directory whose subdirectories hold snapshots (a run's root): name them, say how to open one."""
     ordered = sorted(snapshots, key=_natural)
     shown = ordered[0] if len(ordered) == 1 else f"{ordered[0]} ... {ordered[-1]}"
     latest = path.rstrip("/") + "/" + ordered[-1]
     managed = all(_STEP_DIR.fullmatch(name) for name in ordered)
     also = f", or SnapshotManager({path!r}).restore_latest(app_state) for the latest step" if managed else ""
-    return (
-        f"{path!r} is not a snapshot but a folder of {len(ordered)} snapshot{'s' if len(ordered) > 1 else ''} "
-        f"({shown}); open one of them, e.g. Snapshot({latest!r}){also}"
+    problem = (
+        f"{asked}{path!r} is not a snapshot but a folder of {len(ordered)} snapshot{'s' if len(ordered) > 1 else ''} "
+        f"({shown})"
     )
+    error = SnapshotNotFoundError(f"{problem}; open one of them, e.g. Snapshot({latest!r}){also}")
+    return error.advised(Advice(problem, "open_a_snapshot", (path, latest), managed))
 
 
 def _folder_of_foreign(path: str, names: Sequence[str]) -> tuple[str, str] | None:

@@ -21,7 +21,13 @@ from snapshotkit._restore.failures import storage_failure
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import gather_or_cancel, to_thread
 from snapshotkit._text import describe_paths
-from snapshotkit.errors import ChecksumMismatchError, IntegrityError, TruncatedDataError, UnsafeStorageObjectError
+from snapshotkit.errors import (
+    Advice,
+    ChecksumMismatchError,
+    IntegrityError,
+    TruncatedDataError,
+    UnsafeStorageObjectError,
+)
 from snapshotkit.storage import ByteRange, StoragePlugin
 
 #: Largest merged read; big enough to amortise requests, small enough to keep several in flight.
@@ -66,12 +72,15 @@ class Claim:
 def _verify(read: PieceRead, data: memoryview, running: int = 0, *, final: bool = True) -> int:
     value = crc32c(data, running)
     if final and value != parse_checksum(read.piece.checksum):
-        raise ChecksumMismatchError(
+        problem = (
             f"checksum mismatch for logical path {read.logical_path!r}: bytes {list(read.piece.byte_range)} of "
             f"data object {read.piece.address!r} have {format_checksum(value)}, the manifest says "
-            f"{read.piece.checksum}. The snapshot is corrupt; restore from another snapshot "
-            "(or pass verify_checksums=False to read it anyway)"
+            f"{read.piece.checksum}. The snapshot is corrupt"
         )
+        error = ChecksumMismatchError(
+            f"{problem}; restore from another snapshot (or pass verify_checksums=False to read it anyway)"
+        )
+        raise error.advised(Advice(problem, "restore_another"))
     return value
 
 

@@ -55,6 +55,7 @@ from snapshotkit._take.reuse import referenced_bases
 from snapshotkit._text import first_few
 from snapshotkit._version import __version__
 from snapshotkit.errors import (
+    Advice,
     CollectiveTimeoutError,
     CommitOutcomeUnknownError,
     SnapshotExistsError,
@@ -180,10 +181,12 @@ async def write_manifest(plugin: StoragePlugin, document: bytes, path: str, *, w
     try:
         await plugin.write_exclusive(METADATA_FILENAME, document)
     except FileExistsError:
-        raise SnapshotExistsError(
+        problem = (
             f"another snapshot was committed at {path!r} while this {writer} was writing; this {writer}'s data was "
-            "discarded. Use a new path for every snapshot"
-        ) from None
+            "discarded"
+        )
+        error = SnapshotExistsError(f"{problem}. Use a new path for every snapshot")
+        raise error.advised(Advice(problem, "new_destination", (path,))) from None
     except Exception as exc:
         raise storage_error(exc, path, location=METADATA_FILENAME)  # noqa: B904 - the cause is set
 

@@ -39,7 +39,7 @@ from snapshotkit._take.collect import (
 from snapshotkit._take.commit import storage_error
 from snapshotkit._take.reuse import ReuseIndex, build_reuse_index
 from snapshotkit._text import first_few
-from snapshotkit.errors import ConfigError, FolderOfSnapshotsError, SnapshotExistsError, SnapshotkitError
+from snapshotkit.errors import Advice, ConfigError, FolderOfSnapshotsError, SnapshotExistsError, SnapshotkitError
 from snapshotkit.storage import StoragePlugin, url_to_storage_plugin
 from snapshotkit.storage._registry import split_uri
 
@@ -220,10 +220,10 @@ async def refuse_existing(plugin: StoragePlugin, path: str, *, writer: str = "ta
     except Exception as exc:
         raise storage_error(exc, path, location=METADATA_FILENAME, action="checking for")  # noqa: B904
     if exists:
-        raise SnapshotExistsError(
-            f"a snapshot already exists at {path!r}; snapshotkit never overwrites one. "
-            f"Give the {writer} a new path (e.g. one per step: .../step_1000)"
-        )
+        problem = f"a snapshot already exists at {path!r}; snapshotkit never overwrites one"
+        error = SnapshotExistsError(f"{problem}. Give the {writer} a new path (e.g. one per step: .../step_1000)")
+        raise error.advised(Advice(problem, "new_destination", (path,)))
+
     await refuse_folder_of_snapshots(plugin, path, writer=writer)
 
 
@@ -250,14 +250,18 @@ async def refuse_folder_of_snapshots(plugin: StoragePlugin, path: str, *, writer
         raise storage_error(exc, path, action="listing")  # noqa: B904 - the cause is set
     if steps:
         root = path.rstrip("/")
-        raise FolderOfSnapshotsError(
+        problem = (
             f"{root!r} is a folder of {len(steps)} snapshot{'s' if len(steps) > 1 else ''} "
             f"({first_few([step_dir(step) for step in steps], 3, show=str)}), a SnapshotManager's root: a snapshot "
             "written into it would sit beside them, where neither the manager nor `snapshotkit ls` sees it. "
-            f"Nothing was written. Give the {writer} the path of its own step, '{root}/step_<n>' "
+            "Nothing was written"
+        )
+        error = FolderOfSnapshotsError(
+            f"{problem}. Give the {writer} the path of its own step, '{root}/step_<n>' "
             f"(the newest here is '{root}/{step_dir(steps[-1])}')",
             tuple(steps),
         )
+        raise error.advised(Advice(problem, "new_destination", (path,)))
 
 
 async def _refuse_existing_and_close(plugin: StoragePlugin, path: str, world_size: int) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import logging
 import math
+import os
 import re
 import sys
 import traceback
@@ -24,6 +26,14 @@ import click
 from rich.console import Console
 from rich.logging import RichHandler
 
+from snapshotkit.cli._advice import reworded
+
+# Re-exported ("x as x"): the commands import these from here, with the rest of what they share.
+from snapshotkit.cli._output import cell_text as cell_text
+from snapshotkit.cli._output import console as console
+from snapshotkit.cli._output import is_plain as is_plain
+from snapshotkit.cli._output import print_lines as print_lines
+from snapshotkit.cli._output import print_table as print_table
 from snapshotkit.errors import IntegrityError, SnapshotkitError
 
 EXIT_OK = 0
@@ -32,6 +42,8 @@ EXIT_FOUND = 1
 #: A usage or access error.
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
+#: The reader of stdout went away (128 + SIGPIPE, as a shell reports a tool SIGPIPE killed).
+EXIT_BROKEN_PIPE = 141
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -137,11 +149,26 @@ def command_options(func: Callable[..., int]) -> Callable[..., None]:
         except KeyboardInterrupt:
             click.echo(f"snapshotkit {_name()}: interrupted", err=True)
             status = EXIT_INTERRUPTED
+        except BrokenPipeError:
+            # The reader of a pipe went away (`snapshotkit ls ROOT | head`): stop quietly, as a
+            # shell tool killed by SIGPIPE would, with nothing more to write to it.
+            _silence_stdout()
+            status = EXIT_BROKEN_PIPE
         except Exception as exc:
             status = _report(exc, common)
         raise click.exceptions.Exit(status)
 
     return run
+
+
+def _silence_stdout() -> None:
+    """Point stdout at the null device, so that the interpreter's last flush has nowhere to fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):  # not a real file (a test runner's buffer)
+        pass
 
 
 def _name() -> str:
@@ -157,7 +184,8 @@ def exit_status(exc: BaseException) -> int:
 def _report(exc: Exception, common: Common) -> int:
     if common.debug:
         traceback.print_exception(exc, file=sys.stderr)
-    message = " ".join(str(exc).split()) or type(exc).__name__
+    words = reworded(exc, _name()) if isinstance(exc, SnapshotkitError) else None
+    message = " ".join((words or str(exc)).split()) or type(exc).__name__
     if isinstance(exc, IntegrityError) and _name() != "verify":
         message += ". Run `snapshotkit verify` to list every damaged piece"
     elif isinstance(exc, OSError) and not isinstance(exc, SnapshotkitError):
@@ -174,11 +202,6 @@ def _configure_logging(debug: bool) -> None:
         handler = RichHandler(console=Console(stderr=True), show_time=False, show_path=False)
         logger.addHandler(handler)
     logger.setLevel(logging.INFO if debug else logging.WARNING)
-
-
-def console() -> Console:
-    """Where text output goes: stdout (plain text when it is not a terminal)."""
-    return Console(highlight=False, soft_wrap=True)
 
 
 def emit_json(document: dict[str, Any]) -> None:
@@ -215,9 +238,10 @@ def format_number(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def compact_json(value: Any, limit: int = 60) -> str:
+def compact_json(value: Any, limit: int | None = 60) -> str:
+    """``value`` as JSON on one line, cut to ``limit`` characters (``...`` at the end); whole for None."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 
 def plural(number: int, noun: str) -> str:

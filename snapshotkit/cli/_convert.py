@@ -8,10 +8,13 @@ unless ``--unsafe`` is given (``weights_only=False``, for snapshots and sources 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import click
 from rich.text import Text
 
 from snapshotkit._format.foreign import SOURCE_FORMATS
+from snapshotkit._text import first_few
 from snapshotkit.cli._common import (
     EXIT_OK,
     Common,
@@ -29,6 +32,8 @@ from snapshotkit.convert import export_snapshot, import_snapshot
 
 IMPORT_SCHEMA = "snapshotkit.import/1"
 EXPORT_SCHEMA = "snapshotkit.export/1"
+#: Skipped paths named without --verbose (the rest are counted).
+_SHOWN_SKIPPED = 5
 
 
 @click.command()
@@ -52,6 +57,7 @@ EXPORT_SCHEMA = "snapshotkit.export/1"
     help="safetensors: write Hugging Face shards of at most this size and model.safetensors.index.json.",
 )
 @click.option("--unsafe", is_flag=True, help="Unpickle arbitrary stored objects (weights_only=False).")
+@click.option("--verbose", "-v", is_flag=True, help="List every skipped value (default: a count and the first few).")
 @memory_budget_option
 @progress_option
 @command_options
@@ -63,6 +69,7 @@ def export(
     strip_prefix: str | None,
     max_shard_bytes: int | None,
     unsafe: bool,
+    verbose: bool,
     memory_budget_bytes: int | None,
     progress: bool | None,
     *,
@@ -70,7 +77,8 @@ def export(
 ) -> int:
     """Write SNAPSHOT as a torch.save file, safetensors file(s) or a DCP directory at OUT (a local
     path that does not exist yet), for torch.load, safetensors / Hugging Face loaders or
-    torch.distributed.checkpoint.load. Values a format cannot hold are listed as skipped."""
+    torch.distributed.checkpoint.load. Values a format cannot hold are skipped: counted by reason,
+    the first few named (--verbose lists each)."""
     report = export_snapshot(
         snapshot,
         out,
@@ -102,9 +110,28 @@ def export(
             f"{format_bytes(report.bytes_written)} in {plural(len(report.files), 'file')}"
         )
     )
-    for path, reason in report.skipped:
-        out_console.print(Text(f"skipped {path}: {reason}"))
+    if verbose:
+        for path, reason in report.skipped:
+            out_console.print(Text(f"skipped {path}: {reason}"))
+    else:
+        for line in skipped_summary(report.skipped):
+            out_console.print(Text(line))
     return EXIT_OK
+
+
+def skipped_summary(skipped: Sequence[tuple[str, str]]) -> list[str]:
+    """One line per distinct reason: how many values were skipped for it, and the first few paths
+    (``--verbose`` lists every path instead)."""
+    by_reason: dict[str, list[str]] = {}
+    for path, reason in skipped:
+        by_reason.setdefault(reason, []).append(path)
+    lines = [
+        f"skipped {plural(len(paths), 'value')} ({reason}): {first_few(paths, _SHOWN_SKIPPED)}"
+        for reason, paths in by_reason.items()
+    ]
+    if len(skipped) > _SHOWN_SKIPPED:
+        lines.append(f"{plural(len(skipped), 'value')} skipped in all; --verbose lists each one")
+    return lines
 
 
 @click.command(name="import")
@@ -128,6 +155,7 @@ def export(
     is_flag=True,
     help="Unpickle arbitrary objects of the source (weights_only=False): only for sources you trust.",
 )
+@click.option("--verbose", "-v", is_flag=True, help="List every skipped value (default: a count and the first few).")
 @memory_budget_option
 @progress_option
 @command_options
@@ -137,6 +165,7 @@ def import_(
     source: str | None,
     key: str,
     unsafe: bool,
+    verbose: bool,
     memory_budget_bytes: int | None,
     progress: bool | None,
     *,
@@ -180,6 +209,11 @@ def import_(
             f"in {report.seconds:.2f} s"
         )
     )
-    for path in report.skipped_paths:
-        out_console.print(Text(f"skipped: {path}"))
+    skipped = report.skipped_paths
+    if verbose or len(skipped) <= _SHOWN_SKIPPED:
+        for path in skipped:
+            out_console.print(Text(f"skipped: {path}"))
+    else:
+        shown = first_few(skipped, _SHOWN_SKIPPED)
+        out_console.print(Text(f"skipped {plural(len(skipped), 'path')}: {shown}; --verbose lists each one"))
     return EXIT_OK

@@ -18,6 +18,7 @@ from snapshotkit.cli._common import (
     emit_json,
     format_number,
     memory_budget_option,
+    print_table,
 )
 from snapshotkit.diff import DiffReport, diff_snapshots
 
@@ -67,10 +68,14 @@ def to_json(report: DiffReport) -> dict[str, Any]:
 
 def _print(report: DiffReport) -> None:
     out = console()
-    for path in report.removed:
-        out.print(Text(f"- {path}", style="red"))
-    for path in report.added:
-        out.print(Text(f"+ {path}", style="green"))
+    for heading, paths, sign, style in (
+        ("removed (only in A)", report.removed, "-", "red"),
+        ("added (only in B)", report.added, "+", "green"),
+    ):
+        if paths:
+            out.print(Text(heading, style="italic"))
+            for path in paths:
+                out.print(Text(f"{sign} {path}", style=style))
     if report.changed:
         table = Table(title="changed", title_justify="left")
         table.add_column("logical path", overflow="fold")
@@ -83,7 +88,7 @@ def _print(report: DiffReport) -> None:
             differing = "-" if change.mismatched is None else str(change.mismatched)
             largest = format_number(change.max_abs_diff)
             table.add_row(Text(change.logical_path), change.what, Text(sides), differing, largest)
-        out.print(table)
+        print_table(out, table)
     verdict = "identical" if report.identical else "differ"
     counts = f"{len(report.added)} added, {len(report.removed)} removed, {len(report.changed)} changed"
     tolerance = f" (atol={report.atol:g}, rtol={report.rtol:g})" if report.atol or report.rtol else ""

@@ -3,6 +3,7 @@ for an incremental one), totals by dtype and a tree of logical paths (manifest o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -23,15 +24,21 @@ from snapshotkit._inspect.summary import (
     storage_split,
     tree,
 )
+from snapshotkit._lifecycle.catalog import MANAGER_KEY
 from snapshotkit.cli._common import (
     EXIT_OK,
     Common,
+    cell_text,
     command_options,
     compact_json,
     console,
     emit_json,
     format_bytes,
+    format_number,
+    is_plain,
     plural,
+    print_lines,
+    print_table,
 )
 from snapshotkit.snapshot import Snapshot
 
@@ -154,8 +161,9 @@ def _sharding(leaf: Leaf, world_size: int) -> str:
     return f"per-rank ({len(leaf.ranks)} of {world_size} ranks)"
 
 
-def _label(node: TreeNode, world_size: int) -> Text:
-    name = node.path.rsplit("/", 1)[-1]
+def _label(node: TreeNode, world_size: int, *, whole_path: bool = False) -> Text:
+    """A tree node: its name (its whole logical path with ``whole_path``) and what it holds."""
+    name = node.path if whole_path else node.path.rsplit("/", 1)[-1]
     leaf = node.leaf
     if leaf is None:
         text = Text(f"{name}/", style="bold")
@@ -212,13 +220,16 @@ def _print(
     header.add_row("written by", f"snapshotkit {metadata.snapshotkit_version}, torch {metadata.torch_version}")
     header.add_row("created", metadata.created_at)
     header.add_row("world size", str(metadata.world_size))
-    header.add_row(
-        "user metadata", Text(compact_json(metadata.user_metadata, limit=200) if metadata.user_metadata else "-")
-    )
+    user = {key: value for key, value in metadata.user_metadata.items() if key != MANAGER_KEY}
+    limit = None if is_plain(out) else 200
+    header.add_row("user metadata", Text(compact_json(user, limit=limit) if user else "-"))
+    record = metadata.user_metadata.get(MANAGER_KEY)
+    if isinstance(record, Mapping):
+        header.add_row("saved by", Text(_manager_text(record)))
     header.add_row("leaves", f"{len(found)} ({format_bytes(sum(leaf.nbytes for leaf in found))} of values)")
     for name, text in _storage_rows(split):
         header.add_row(name, text)
-    out.print(header)
+    print_table(out, header)
     if totals:
         table = Table(title="stored values by dtype", title_justify="left")
         table.add_column("dtype")
@@ -226,10 +237,25 @@ def _print(
         table.add_column("bytes", justify="right")
         for total in totals:
             table.add_row(total.dtype, str(total.count), f"{format_bytes(total.nbytes)} ({total.nbytes})")
-        out.print(table)
+        print_table(out, table)
+    if is_plain(out):
+        # One node a line, by its whole logical path (grep finds a path, not a last component).
+        print_lines(out, [path, *(cell_text(_label(node, metadata.world_size, whole_path=True)) for node in nodes)])
+        return
     root = Tree(Text(path, style="bold"))
     branches: dict[str, Tree] = {"": root}
     for node in nodes:
         parent = node.path.rsplit("/", 1)[0] if "/" in node.path else ""
         branches[node.path] = branches[parent].add(_label(node, metadata.world_size))
     out.print(root)
+
+
+def _manager_text(record: Mapping[str, Any]) -> str:
+    """``SnapshotManager, step 3000, loss=0.333333 (interval)``: the record a manager's save left."""
+    metrics = record.get("metrics")
+    named = [
+        f"{name}={format_number(value) if isinstance(value, float) else value}"
+        for name, value in (metrics.items() if isinstance(metrics, Mapping) else ())
+    ]
+    reason = f" ({record['reason']})" if record.get("reason") else ""
+    return ", ".join(["SnapshotManager", f"step {record.get('step')}", *named]) + reason

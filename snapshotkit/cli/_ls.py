@@ -13,7 +13,17 @@ from snapshotkit._config import snapshot_path
 from snapshotkit._format.entries import METADATA_FILENAME
 from snapshotkit._format.steps import step_of
 from snapshotkit._inspect.root import RootSummary, StepSummary, summarize_root
-from snapshotkit.cli._common import EXIT_ERROR, EXIT_OK, Common, command_options, compact_json, console, emit_json
+from snapshotkit.cli._common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    Common,
+    command_options,
+    compact_json,
+    console,
+    emit_json,
+    is_plain,
+    print_table,
+)
 from snapshotkit.cli._common import format_bytes as human
 
 SCHEMA = "snapshotkit.ls/1"
@@ -131,7 +141,8 @@ def _print(summary: RootSummary) -> None:
             metrics = f"{metrics} ({step.reason})".strip()
         status = Text(step.status, style="green" if step.status == "complete" else "yellow")
         created = (step.created_at or "-").replace("+00:00", "").replace("T", " ")
-        metadata = compact_json(step.user_metadata) if step.user_metadata else step.error or "-"
+        shown = compact_json(step.user_metadata, limit=None if is_plain(out) else 60)
+        metadata = shown if step.user_metadata else step.error or "-"
         table.add_row(
             str(step.step),
             status,
@@ -141,7 +152,7 @@ def _print(summary: RootSummary) -> None:
             Text(metrics or "-"),
             Text(metadata),
         )
-    out.print(table)
+    print_table(out, table)
     complete = [s for s in summary.steps if s.status == "complete"]
     total = sum(s.size_bytes or 0 for s in complete)
     others = len(summary.steps) - len(complete)

@@ -34,6 +34,7 @@ from snapshotkit.cli._common import (
     format_bytes,
     format_number,
     memory_budget_option,
+    print_table,
 )
 from snapshotkit.errors import LogicalPathNotFoundError
 from snapshotkit.snapshot import Snapshot
@@ -186,7 +187,7 @@ def _print(document: dict[str, Any]) -> None:
             grid.add_row("", Text(child))
         if len(children) > 50:
             grid.add_row("", f"... and {len(children) - 50} more")
-    out.print(grid)
+    print_table(out, grid)
 
 
 def _short(value: Any) -> str:

@@ -19,6 +19,7 @@ from snapshotkit.cli._common import (
     format_bytes,
     memory_budget_option,
     plural,
+    print_table,
 )
 from snapshotkit.verify import VerifyReport, verify_snapshot
 
@@ -93,5 +94,5 @@ def _print(report: VerifyReport) -> None:
     table.add_column("message", overflow="fold")
     for problem in report.problems:
         table.add_row(Text(problem.logical_path or "-"), problem.kind, Text(problem.location), Text(problem.message))
-    out.print(table)
+    print_table(out, table)
     out.print(Text(f"DAMAGED: {report.path}: {checked}; restore from another snapshot", style="red"))

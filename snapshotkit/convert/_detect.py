@@ -30,7 +30,7 @@ from snapshotkit._format.foreign import (
     is_torchsnapshot_document,
 )
 from snapshotkit._text import first_few
-from snapshotkit.errors import ImportSourceError, SnapshotkitError
+from snapshotkit.errors import Advice, ImportSourceError, SnapshotkitError
 
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
@@ -74,11 +74,12 @@ def detect(src: Path, source: str | None = None) -> Detected:
         found = f"it holds {candidates[0].description}" if candidates else "its format is not recognized"
         raise ImportSourceError(f"source={source!r} was given, but {src} is not a {source} checkpoint: {found}")
     if not candidates:
-        raise ImportSourceError(
+        problem = (
             f"{src} is not a checkpoint import recognizes ({_contents(src)}); it reads torch.save files, safetensors "
-            f"files and Hugging Face sharded directories, DCP and torchsnapshot directories (source= one of "
-            f"{', '.join(SOURCE_FORMATS)})"
+            "files and Hugging Face sharded directories, DCP and torchsnapshot directories"
         )
+        error = ImportSourceError(f"{problem} (source= one of {', '.join(SOURCE_FORMATS)})")
+        raise error.advised(Advice(problem, "name_the_format", tuple(SOURCE_FORMATS)))
     return _one(src, [c for c in candidates if c.source_format == candidates[0].source_format])
 
 

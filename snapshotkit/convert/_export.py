@@ -27,7 +27,7 @@ from snapshotkit._runtime.progress import ByteProgress, check_progress
 from snapshotkit.convert import _to_safetensors, _to_torch
 from snapshotkit.convert._export_source import Source, Written, select_flat, select_tree
 from snapshotkit.convert._stream import fsync_path
-from snapshotkit.errors import ConfigError, ExportExistsError, InvalidArgumentError
+from snapshotkit.errors import Advice, ConfigError, ExportExistsError, InvalidArgumentError
 
 #: The formats ``export_snapshot(to=...)`` writes.
 FORMATS = ("dcp", "safetensors", "torch")
@@ -209,10 +209,9 @@ def _files_of(output: Path) -> list[Path]:
 
 def _exists(output: Path) -> ExportExistsError:
     what = "directory" if output.is_dir() else "file"
-    return ExportExistsError(
-        f"the export destination {str(output)!r} already exists (a {what}); an export never overwrites. "
-        "Choose another dst"
-    )
+    problem = f"the export destination {str(output)!r} already exists (a {what}); an export never overwrites"
+    error = ExportExistsError(f"{problem}. Choose another dst")
+    return error.advised(Advice(problem, "new_destination", (str(output),)))
 
 
 def _refuse_existing(output: Path) -> None:

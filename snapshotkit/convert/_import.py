@@ -35,7 +35,7 @@ from snapshotkit.convert._from_safetensors import read_safetensors
 from snapshotkit.convert._from_torch import read_torch
 from snapshotkit.convert._from_torchsnapshot import read_torchsnapshot
 from snapshotkit.convert._source import Loaded
-from snapshotkit.errors import ConfigError, InvalidArgumentError
+from snapshotkit.errors import Advice, ConfigError, InvalidArgumentError
 from snapshotkit.snapshot import Snapshot
 from snapshotkit.stateful import StateDict, Stateful
 
@@ -223,10 +223,11 @@ def _refuse_inside(source: Path, target: str) -> None:
         return
     destination = Path(os.path.abspath(os.path.expanduser(local)))
     if destination == source or (source.is_dir() and destination.is_relative_to(source)):
-        raise ConfigError(
+        problem = (
             f"dst {target!r} is {'src' if destination == source else 'inside src'} ({source}); the snapshot would mix "
-            "with the checkpoint it is made from. Pass a new path for dst"
+            "with the checkpoint it is made from"
         )
+        raise ConfigError(f"{problem}. Pass a new path for dst").advised(Advice(problem, "new_destination", (target,)))
 
 
 def _contents(metadata: SnapshotMetadata) -> tuple[tuple[str, ...], int]:

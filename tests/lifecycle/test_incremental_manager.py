@@ -218,8 +218,8 @@ def test_ls_and_prune_show_and_keep_the_bases(tmp_path: Path) -> None:
             mgr.save(step, state)
     runner = CliRunner()
     text = runner.invoke(main, ["ls", str(tmp_path)], env={"COLUMNS": "200"}, catch_exceptions=False).stdout
-    rows = {line.split()[1]: line for line in text.splitlines() if line.split()[1:2] in (["10"], ["20"], ["30"])}
-    assert "full" in rows["10"] and "step 10" in rows["20"] and "step 10" in rows["30"]
+    rows = {line.split("\t")[0]: line.split("\t") for line in text.splitlines()}  # piped: tab-separated rows
+    assert rows["10"][4] == "full" and rows["20"][4] == "step 10" and rows["30"][4] == "step 10"
     listed = json.loads(runner.invoke(main, ["ls", str(tmp_path), "--json"], catch_exceptions=False).stdout)
     by_step = {s["step"]: s for s in listed["snapshots"]}
     assert listed["schema"] == "snapshotkit.ls/1"
