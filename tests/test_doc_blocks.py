@@ -246,12 +246,17 @@ def _run_blocks(document: str, blocks: list[dict[str, Any]], transcript: bool) -
         )
         where = f"{document} line {block.line}"
         if block.kind == "python":
-            exec(compile(block.source, where, "exec"), namespace)  # noqa: S102 - the docs' own code
+            exec(compile(block.source, where, "exec"), namespace)
             continue
+        # stderr into stdout, as a terminal shows them; nothing to read on stdin
         proc = subprocess.run(
-            ["bash", "-c", block.script()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, check=False,
-        )  # fmt: skip
+            ["bash", "-c", block.script()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            check=False,
+        )
         if transcript:
             shown = re.sub(rf"\n{re.escape(_STATUS_SEPARATOR)} \d+@@\n", "\n", proc.stdout)
             print(f"--- {where} ({block.kind})\n{shown}", flush=True)
