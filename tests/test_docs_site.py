@@ -46,6 +46,21 @@ def test_mkdocs_build_strict_has_no_warning(tmp_path: Path) -> None:
     assert "async_take" in reference and ":meth:" not in reference
     changelog_title = (REPO / "CHANGELOG.md").read_text().splitlines()[0].lstrip("# ")
     assert changelog_title in (site / "changelog" / "index.html").read_text()
+    # The API reference's section has a page of its own, which its header in the navigation links
+    # to (a static server would list the folder's files instead).
+    assert "snapshot/" in (site / "reference" / "index.html").read_text()
+    assert 'href="reference/"' in (site / "index.html").read_text()
+
+
+def test_reference_index_lists_every_reference_page() -> None:
+    """docs/reference/index.md links every page of docs/reference/, and the navigation names the index."""
+    index = (REPO / "docs" / "reference" / "index.md").read_text()
+    pages = sorted(p.name for p in (REPO / "docs" / "reference").glob("*.md") if p.name != "index.md")
+    assert pages, "no reference page found"
+    unlisted = [page for page in pages if f"]({page})" not in index]
+    assert not unlisted, f"docs/reference/index.md does not link {unlisted}"
+    mkdocs_yml = (REPO / "mkdocs.yml").read_text()
+    assert "- reference/index.md" in mkdocs_yml and "navigation.indexes" in mkdocs_yml
 
 
 # ---------------------------------------------------------------- the hand-written API guide
