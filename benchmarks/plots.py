@@ -41,9 +41,9 @@ REPO = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
 
 # The runs the tables of docs/benchmarks.md report; a new run is plotted by changing the name here.
-LOCAL_RESULTS = "bench_local-2026-11-22.json"
-ASYNC_RESULTS = "bench_async-2026-11-22-nice.json"
-SHARED_RESTORE_RESULTS = "bench_shared_restore-2026-11-25-1gib.json"
+LOCAL_RESULTS = "2026-11-28-b9ab3b5/local.json"
+ASYNC_RESULTS = "2026-11-28-b9ab3b5/async.json"
+SHARED_RESTORE_RESULTS = "2026-11-28-b9ab3b5/shared_restore.json"
 
 _STATE_LABELS = {"small": "many small tensors", "large": "few large tensors"}
 _ASYNC_LABELS = {

@@ -63,9 +63,7 @@ SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
 
 # Pages whose shell blocks are not yet marked, each with why; not run until the entry is removed
 # (test_pending_pages_are_still_pending fails once a page's shell blocks are all marked).
-_MARKERS_PENDING = {
-    "docs/benchmarks.md": "benchmark commands (minutes each); the page is being reorganized (issue 25, item 7)",
-}
+_MARKERS_PENDING: dict[str, str] = {}
 
 _FENCE = re.compile(r"^```(?P<language>[\w-]*)[^\n]*\n(?P<source>.*?)^```[ \t]*$", flags=re.DOTALL | re.MULTILINE)
 _MARKER = re.compile(r"<!--\s*doc-test\b.*?-->", flags=re.DOTALL)
