@@ -39,7 +39,8 @@ class PieceProblem:
             ends before it), ``"missing"`` (its data object does not exist), ``"base"`` (the base
             snapshot holding it is gone, replaced or damaged) or ``"refused"`` (its data object is
             not a regular file inside the snapshot).
-        message: the error a restore would raise for it.
+        message: what a restore would say of it, without advice on reading it anyway (a report
+            names what is wrong; what to do is the caller's: restore from another snapshot).
     """
 
     stored: StoredPiece
@@ -64,6 +65,15 @@ def problem_kind(exc: IntegrityError) -> str:
     if isinstance(exc, TruncatedDataError):
         return "truncated"
     return "missing" if isinstance(exc.__cause__, FileNotFoundError) else "refused"
+
+
+def _message(exc: IntegrityError) -> str:
+    """``exc``'s message for a report: its problem alone where its advice is to restore another
+    snapshot (the restore's words also offer ``verify_checksums=False``, which a report has not)."""
+    advice = exc.advice
+    if advice is not None and advice.action == "restore_another":
+        return advice.problem
+    return str(exc)
 
 
 class _Tally:
@@ -143,7 +153,7 @@ def check_pieces(
             return  # some pieces may still be whole: the halving finds which
         except IntegrityError as exc:  # the data object is missing or refused: so is every piece in it
             for i in indices:
-                problems[i] = PieceProblem(pieces[i], problem_kind(exc), str(exc))
+                problems[i] = PieceProblem(pieces[i], problem_kind(exc), _message(exc))
 
     async def halve(indices: list[int]) -> None:
         for i in indices:
@@ -155,7 +165,7 @@ def check_pieces(
             failure = exc
         unverified = [i for i in indices if not tally.ok[i]]
         if len(unverified) == 1:
-            problems[unverified[0]] = PieceProblem(pieces[unverified[0]], problem_kind(failure), str(failure))
+            problems[unverified[0]] = PieceProblem(pieces[unverified[0]], problem_kind(failure), _message(failure))
         elif unverified:
             middle = len(unverified) // 2
             await halve(unverified[:middle])

@@ -41,4 +41,6 @@ def reworded(error: SnapshotkitError, command: str) -> str | None:
         return f"{advice.problem}; restore from another snapshot"
     if advice.action == "name_the_format" and command == "import":
         return f"{advice.problem} (--from one of {', '.join(advice.paths)})"
+    if advice.action == "format_given" and command == "import" and len(advice.paths) == 1:
+        return f"--from {advice.paths[0]} was given, but {advice.problem}"
     return None

@@ -72,7 +72,9 @@ def detect(src: Path, source: str | None = None) -> Detected:
         if source == "torch" and src.is_file() and not candidates:
             return Detected("torch", src, "a file")  # a torch.save variant the sniffing misses: torch.load decides
         found = f"it holds {candidates[0].description}" if candidates else "its format is not recognized"
-        raise ImportSourceError(f"source={source!r} was given, but {src} is not a {source} checkpoint: {found}")
+        problem = f"{src} is not a {source} checkpoint: {found}"
+        error = ImportSourceError(f"source={source!r} was given, but {problem}")
+        raise error.advised(Advice(problem, "format_given", (source,)))
     if not candidates:
         problem = (
             f"{src} is not a checkpoint import recognizes ({_contents(src)}); it reads torch.save files, safetensors "

@@ -85,7 +85,7 @@ def test_every_command_prints_whole_lines_when_piped(run: Path, tmp_path: Path) 
     flip_byte(data, offset)
     lines = check_plain(invoke("verify", str(damaged)), LONG_PATH)
     row = next(line for line in lines if line.startswith(LONG_PATH))
-    assert row.split("\t")[1] == "checksum" and row.endswith("to read it anyway)")  # the whole message
+    assert row.split("\t")[1] == "checksum" and row.endswith("The snapshot is corrupt")  # the whole message
 
 
 def test_a_table_is_one_tab_separated_record_a_line(run: Path) -> None:
@@ -147,6 +147,7 @@ def test_errors_name_the_command_lines_arguments_and_commands(run: Path, tmp_pat
     errors["import-unknown"] = invoke("import", str(tmp_path / "taken.pt"), str(tmp_path / "new")).stderr
     torch.save({"w": torch.zeros(1)}, tmp_path / "model.pt")
     errors["import"] = invoke("import", str(tmp_path / "model.pt"), step_2).stderr
+    errors["import-from"] = invoke("import", str(tmp_path / "model.pt"), str(tmp_path / "new"), "--from", "dcp").stderr
     damaged = tmp_path / "damaged"
     shutil.copytree(step_2, damaged)
     data, offset, _ = piece_of(damaged, LONG_PATH)
@@ -154,6 +155,7 @@ def test_errors_name_the_command_lines_arguments_and_commands(run: Path, tmp_pat
     errors["damaged"] = invoke("show", str(damaged), LONG_PATH).stderr
     assert "The snapshot is corrupt; restore from another snapshot. Run `snapshotkit verify`" in errors["damaged"]
     assert "(--from one of dcp, safetensors, torch, torchsnapshot)" in errors["import-unknown"]
+    assert f"--from dcp was given, but {tmp_path / 'model.pt'} is not a dcp checkpoint" in errors["import-from"]
     assert (
         errors["export"].rstrip().endswith("an export never overwrites. Give OUT a new path (one that holds nothing)")
     )
