@@ -119,7 +119,9 @@ class Advice:
             (a take never committed: restore from an earlier snapshot; ``paths`` holds the folder
             the leftovers are in, ``managed`` whether it is a manager's step), ``"restore_another"``
             (stored bytes are damaged: restore from another snapshot), ``"name_the_format"`` (an
-            import source whose format is not recognized; ``paths`` holds the formats it reads).
+            import source whose format is not recognized; ``paths`` holds the formats it reads),
+            ``"strip_the_name"`` (an export for transformers whose every key starts with an
+            ``app_state`` name: strip it; ``paths`` holds that name and ``/``).
         paths: the paths the advice names, as ``action`` says.
         managed: whether ``paths`` are a ``SnapshotManager``'s (``step_<n>`` under its root).
     """
