@@ -121,7 +121,8 @@ class Advice:
             (stored bytes are damaged: restore from another snapshot), ``"name_the_format"`` (an
             import source whose format is not recognized; ``paths`` holds the formats it reads),
             ``"format_given"`` (the import source is not in the format the caller named; ``paths``
-            holds that format's name).
+            holds that format's name), ``"strip_the_name"`` (an export for transformers whose every key starts with an
+            ``app_state`` name: strip it; ``paths`` holds that name and ``/``).
         paths: the paths the advice names, as ``action`` says.
         managed: whether ``paths`` are a ``SnapshotManager``'s (``step_<n>`` under its root).
     """

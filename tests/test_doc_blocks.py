@@ -281,6 +281,7 @@ def _run_document(document: str, tmp_path: Path, *, transcript: bool = False) ->
     env["TMPDIR"] = str(temp)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "torch-cache")  # torch's own, made by an optimizer step
     env.pop("SNAPSHOTKIT_MEMORY_BUDGET_BYTES", None)
+    env["HF_HUB_OFFLINE"] = "1"  # docs/huggingface.md builds its model from a config: never reach the Hub
     payload = [
         {
             "kind": b.kind,

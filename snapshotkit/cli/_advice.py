@@ -39,6 +39,10 @@ def reworded(error: SnapshotkitError, command: str) -> str | None:
         return f"{advice.problem}. Restore from an earlier snapshot; these leftovers hold nothing restorable{cleanup}"
     if advice.action == "restore_another":
         return f"{advice.problem}; restore from another snapshot"
+    if advice.action == "strip_the_name" and command == "export" and len(advice.paths) == 1:
+        prefix = advice.paths[0]
+        select = f"--select {shlex.quote(prefix + '**')}"
+        return f"{advice.problem}; pass --strip-prefix {shlex.quote(prefix)} (and {select} for one model of several)"
     if advice.action == "name_the_format" and command == "import":
         return f"{advice.problem} (--from one of {', '.join(advice.paths)})"
     if advice.action == "format_given" and command == "import" and len(advice.paths) == 1:

@@ -56,6 +56,15 @@ _SHOWN_SKIPPED = 5
     callback=byte_size,
     help="safetensors: write Hugging Face shards of at most this size and model.safetensors.index.json.",
 )
+@click.option(
+    "--config",
+    "config",
+    default=None,
+    metavar="PATH",
+    type=click.Path(exists=True, path_type=str),
+    help="safetensors: the model's config.json (or its directory); OUT becomes a directory that transformers' "
+    "from_pretrained loads (config.json, weights, tied copies left out as save_pretrained does).",
+)
 @click.option("--unsafe", is_flag=True, help="Unpickle arbitrary stored objects (weights_only=False).")
 @click.option("--verbose", "-v", is_flag=True, help="List every skipped value (default: a count and the first few).")
 @memory_budget_option
@@ -68,6 +77,7 @@ def export(
     select: tuple[str, ...],
     strip_prefix: str | None,
     max_shard_bytes: int | None,
+    config: str | None,
     unsafe: bool,
     verbose: bool,
     memory_budget_bytes: int | None,
@@ -77,8 +87,13 @@ def export(
 ) -> int:
     """Write SNAPSHOT as a torch.save file, safetensors file(s) or a DCP directory at OUT (a local
     path that does not exist yet), for torch.load, safetensors / Hugging Face loaders or
-    torch.distributed.checkpoint.load. Values a format cannot hold are skipped: counted by reason,
-    the first few named (--verbose lists each)."""
+    torch.distributed.checkpoint.load; with --config, a directory for transformers' from_pretrained.
+    Values a format cannot hold are skipped: counted by reason, the first few named (--verbose lists
+    each)."""
+    if config is not None and to != "safetensors":
+        raise click.BadOptionUsage(
+            "config", f"--config writes the safetensors weights from_pretrained loads; use --to safetensors, not {to}"
+        )
     report = export_snapshot(
         snapshot,
         out,
@@ -90,6 +105,7 @@ def export(
         memory_budget_bytes=memory_budget_bytes,
         weights_only=not unsafe,
         progress=show_progress(progress, common),
+        config=config,
     )
     if common.json:
         emit_json(

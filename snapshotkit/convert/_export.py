@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from snapshotkit._config import Config, snapshot_path
+from snapshotkit._format.entries import Entry
 from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._runtime.progress import ByteProgress, check_progress
-from snapshotkit.convert import _to_safetensors, _to_torch
+from snapshotkit.convert import _to_safetensors, _to_torch, _to_transformers
 from snapshotkit.convert._export_source import Source, Written, select_flat, select_tree
 from snapshotkit.convert._stream import fsync_path
 from snapshotkit.errors import Advice, ConfigError, ExportExistsError, InvalidArgumentError
@@ -67,6 +68,7 @@ def export_snapshot(
     memory_budget_bytes: int | None = None,
     weights_only: bool = True,
     progress: bool = False,
+    config: Any = None,
 ) -> ExportReport:
     """Write the snapshot at ``src`` as a file (or directory) another library loads with its own API.
 
@@ -78,6 +80,9 @@ def export_snapshot(
       With ``max_shard_bytes``, ``dst`` is a directory in Hugging Face's layout.
     * ``to="dcp"``: a ``torch.distributed.checkpoint`` directory that ``dcp.load`` reads in one
       process; sharded tensors keep their shards.
+    * ``to="safetensors", config=...``: a directory that transformers' ``from_pretrained(dst)``
+      loads: ``config.json`` and the weights as ``save_pretrained`` lays them out (tied copies
+      left out where the config's model class ties them; ``docs/huggingface.md``).
 
     The export sees what rank 0 restores: its own state, the replicated state and every sharded
     tensor (assembled whole for ``torch`` and ``safetensors``). Every piece's checksum is verified.
@@ -104,13 +109,25 @@ def export_snapshot(
             snapshots you trust.
         progress: show a bar of the bytes read on stderr (bytes done and rate: the total is not
             known up front), once the export has run 2 s.
+        config: ``safetensors`` only: the model's transformers config (a ``PretrainedConfig`` such
+            as ``model.config``, a dict with ``model_type``, or the path of a ``config.json``).
+            ``dst`` becomes a directory ``from_pretrained`` loads: ``config.json`` (the object's
+            ``to_json_string()``, the dict as JSON, the file copied) and ``model.safetensors``, or
+            the shards and index above ``max_shard_bytes``. A weight stored tied to another (one
+            stored tensor) is left out, as ``save_pretrained`` does, when the class the config's
+            ``architectures`` names ties it (``_tied_weights_keys`` with ``tie_word_embeddings``);
+            ``from_pretrained`` ties it back. The keys must be the model's parameter names: pass
+            ``strip_prefix`` (and ``select``) for a model inside a larger app state.
 
     Returns:
         An :class:`ExportReport`.
 
     Raises:
-        InvalidArgumentError: an argument of the wrong type.
-        ConfigError: an unknown format; ``select`` matches nothing; ``strip_prefix`` is missing
+        InvalidArgumentError: an argument of the wrong type (a ``config`` that is no config, dict or
+            path; a dict config with values JSON cannot hold).
+        ConfigError: an unknown format; ``config`` without ``to="safetensors"``, naming no file,
+            or without ``model_type``; with ``config``, no ``strip_prefix`` while every selected
+            path lies under one ``app_state`` name; ``select`` matches nothing; ``strip_prefix`` is missing
             from a selected path (or, for ``torch``/``dcp``, names no container); two paths give
             one safetensors key; no selected tensor fits the format; ``max_shard_bytes`` without
             ``to="safetensors"``; ``dst`` is not a local path in an existing directory.
@@ -122,6 +139,7 @@ def export_snapshot(
     patterns = _check_select(select)
     _check_strip_prefix(strip_prefix)
     _check_max_shard_bytes(max_shard_bytes, target)
+    model_config = _to_transformers.check_config(config, target)
     if not isinstance(weights_only, bool):
         raise InvalidArgumentError(f"weights_only must be True or False, got {type(weights_only).__name__}")
     check_progress(progress, "export_snapshot")
@@ -134,7 +152,7 @@ def export_snapshot(
     source = Source(source_path, storage_options or {}, config, weights_only)
     source.progress = ByteProgress(f"exporting {source_path}", enabled=progress)
     try:
-        written = _export(target, source, output, patterns, strip_prefix, max_shard_bytes)
+        written = _export(target, source, output, patterns, strip_prefix, max_shard_bytes, model_config)
     except BaseException as exc:
         drop_frames(exc)  # buffers of a failed read go now, not at the next collection
         with contextlib.suppress(Exception):
@@ -155,11 +173,14 @@ def _export(
     patterns: tuple[str, ...] | None,
     strip_prefix: str | None,
     max_shard_bytes: int | None,
+    model_config: _to_transformers.ModelConfig | None = None,
 ) -> Written:
     if target == "safetensors":
         selected = select_flat(source.view, patterns, strip_prefix, source.path)
-        plan = _to_safetensors.plan(selected, strip_prefix, max_shard_bytes)
-        return _staged(output, lambda out: plan.write(source, out), directory=plan.directory)
+        if model_config is None:
+            plan = _to_safetensors.plan(selected, strip_prefix, max_shard_bytes)
+            return _staged(output, lambda out: plan.write(source, out), directory=plan.directory)
+        return _for_transformers(source, output, selected, strip_prefix, max_shard_bytes, model_config)
     tree, lost = select_tree(source.view, patterns, strip_prefix, source.path)
     if target == "torch":
         written = _staged(output, lambda out: _to_torch.write(source, tree, out), directory=False)
@@ -169,6 +190,30 @@ def _export(
         _to_dcp.check(tree)
         written = _staged(output, lambda out: _to_dcp.write(source, tree, out, output), directory=True)
     return Written(written.tensors, {**lost, **written.skipped})
+
+
+def _for_transformers(
+    source: Source,
+    output: Path,
+    selected: dict[str, Entry],
+    strip_prefix: str | None,
+    max_shard_bytes: int | None,
+    model_config: _to_transformers.ModelConfig,
+) -> Written:
+    """A directory ``from_pretrained`` loads: the weights (less tied copies) and ``config.json``."""
+    _to_transformers.check_keys(selected, strip_prefix)
+    tied = _to_transformers.tied_copies(selected, strip_prefix, model_config)
+    kept = {path: entry for path, entry in selected.items() if path not in tied}
+    plan = _to_safetensors.plan(kept, strip_prefix, max_shard_bytes, directory=True)
+
+    def write(out: Path) -> Written:
+        written = plan.write(source, out)
+        _to_transformers.write_config(model_config, out)
+        fsync_path(out)
+        return written
+
+    written = _staged(output, write, directory=True)
+    return Written(written.tensors, {**written.skipped, **tied})
 
 
 def _staged(output: Path, write: Any, *, directory: bool) -> Written:

@@ -16,9 +16,10 @@ assembled in the file: each stored piece (whole dim-0 rows of a shard) is writte
 consecutive elements it covers in the global tensor (one run when only dim 0 is split).
 
 Within a file, tensors are ordered by decreasing item size, then key (as ``safetensors`` does),
-so that every tensor starts at a multiple of its item size. With ``max_shard_bytes``, the output
-is a directory in the layout Hugging Face loaders read: ``model.safetensors`` when one file
-suffices, else ``model-00001-of-0000N.safetensors``... and ``model.safetensors.index.json``.
+so that every tensor starts at a multiple of its item size. With ``max_shard_bytes`` (or a
+``config=`` for transformers, :mod:`snapshotkit.convert._to_transformers`), the output is a
+directory in the layout Hugging Face loaders read: ``model.safetensors`` when one file suffices,
+else ``model-00001-of-0000N.safetensors``... and ``model.safetensors.index.json``.
 """
 
 from __future__ import annotations
@@ -153,8 +154,11 @@ class SafetensorsPlan:
         return Written(tensors, self.skipped)
 
 
-def plan(selected: dict[str, Entry], strip_prefix: str | None, max_shard_bytes: int | None) -> SafetensorsPlan:
-    """Lay out the export of the ``selected`` leaves.
+def plan(
+    selected: dict[str, Entry], strip_prefix: str | None, max_shard_bytes: int | None, *, directory: bool = False
+) -> SafetensorsPlan:
+    """Lay out the export of the ``selected`` leaves: one file, or with ``max_shard_bytes`` or
+    ``directory`` a directory in Hugging Face's layout.
 
     Raises:
         ConfigError: two logical paths give the same key; nothing selected is a tensor safetensors
@@ -183,9 +187,9 @@ def plan(selected: dict[str, Entry], strip_prefix: str | None, max_shard_bytes: 
             f"nothing to export to safetensors: none of the {len(selected)} selected logical path(s) holds a tensor "
             f"safetensors can hold ({shown}); select tensors, or use to='torch'"
         )
-    if max_shard_bytes is None:
+    if max_shard_bytes is None and not directory:
         return SafetensorsPlan((_layout("", tensors),), False, skipped)
-    groups = list(_shards(tensors, max_shard_bytes))
+    groups = [tensors] if max_shard_bytes is None else list(_shards(tensors, max_shard_bytes))
     if len(groups) == 1:
         return SafetensorsPlan((_layout(SINGLE_FILE_NAME, groups[0]),), True, skipped)
     count = len(groups)
