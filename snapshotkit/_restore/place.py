@@ -52,6 +52,11 @@ def describe_mismatch(logical_path: str, entry: TensorEntry, value: torch.Tensor
     )
 
 
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one dtype and shape hold the same bytes (NaNs included)."""
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.cpu().reshape(-1).contiguous().view(torch.uint8))
+
+
 class _Slot:
     """Holds a value that becomes known once the reads have run."""
 
@@ -77,6 +82,10 @@ class LeafLoader:
         # same bytes share their first piece and nothing else.
         self._fresh: dict[tuple[Any, ...], _Slot] = {}
         self._in_place: set[tuple[Any, ...]] = set()
+        #: (device, address) of each in-place destination -> the logical path read into it first.
+        #: A second stored tensor whose destination is the same memory (tied in the app state, two
+        #: tensors in the snapshot) is read aside and compared, never into the same bytes.
+        self._in_place_memory: dict[tuple[Any, ...], str] = {}
         #: The CUDA devices whose caller's stream :meth:`_after_queued_work` synchronized.
         self._synced_devices: set[int | None] = set()
         #: Whether some read lands in the caller's own memory (an in-place destination).
@@ -209,6 +218,10 @@ class LeafLoader:
             target: torch.Tensor = destination.detach()
             key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
             if key not in self._in_place:
+                memory = (target.device, target.data_ptr())
+                earlier = self._in_place_memory.setdefault(memory, logical_path)
+                if earlier != logical_path and target.numel():
+                    return self._add_compared(logical_path, entry, destination, earlier)
                 self._in_place.add(key)
                 self.writes_in_place = True
                 self._add_raw_reads(logical_path, entry, target, itemsize)
@@ -227,6 +240,24 @@ class LeafLoader:
 
         self._allocations.append(allocate)
         return lambda: slot.value
+
+    def _add_compared(self, logical_path: str, entry: TensorEntry, destination: Any, earlier: str) -> Callable[[], Any]:
+        """``entry`` whose destination is the memory ``earlier`` is read into: read it into a new
+        tensor and check the bytes are the same (reading both into one memory would interleave
+        them, and the checksum of each would fail as if the snapshot were damaged)."""
+        fresh = self._add_tensor(logical_path, entry, None)
+
+        def compared() -> Any:
+            if not _same_bytes(fresh(), destination.detach()):
+                raise StateMismatchError(
+                    f"{logical_path!r} and {earlier!r} are one tensor in the app state (tied: they share memory), "
+                    "but the snapshot holds different values for them (they were not tied when it was taken). Restore "
+                    "into a model built as the saved one was, its tensors untied, and tie them afterwards if they are "
+                    "meant to be one"
+                )
+            return destination
+
+        return compared
 
     def _add_tensor_into_shards(self, logical_path: str, entry: TensorEntry, destination: Any) -> Callable[[], Any]:
         """A plain stored tensor into a ``DTensor``/``ShardedTensor`` of its shape: read it whole
