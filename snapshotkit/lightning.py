@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -205,7 +206,8 @@ class SnapshotCheckpointIO:
         raise the first failure among them or among those already finished."""
         with self._lock:
             pending = list(self._pending)
-        last = max((i for i, p in enumerate(pending) if path is None or p.path == path), default=-1)
+        key = _path_key(path) if path is not None else None
+        last = max((i for i, p in enumerate(pending) if key is None or _path_key(p.path) == key), default=-1)
         first_error: BaseException | None = None
         for index, save in enumerate(pending):
             if index > last and not save.done():
@@ -229,6 +231,12 @@ class SnapshotCheckpointIO:
         if self._group is None:
             self._group = own_process_group()
         return self._group
+
+
+def _path_key(path: str) -> str:
+    """``path`` compared as the same snapshot however it is spelled (a local path relative, absolute
+    or through a symlink, as Lightning's ``ModelCheckpoint`` resolves its ``dirpath``)."""
+    return path if "://" in path else os.path.realpath(path)
 
 
 def _options(value: object, name: str) -> dict[str, Any]:
