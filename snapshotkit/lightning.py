@@ -1,17 +1,17 @@
 """Lightning checkpoints as snapshotkit snapshots: :class:`SnapshotCheckpointIO`.
 
-from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
-from snapshotkit.lightning import SnapshotCheckpointIO
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from snapshotkit.lightning import SnapshotCheckpointIO
 
-trainer = Trainer(plugins=[SnapshotCheckpointIO(async_save=True)],
-                  callbacks=[ModelCheckpoint(dirpath="ckpt", save_top_k=2, save_last=True)])
-trainer.fit(model, ckpt_path="ckpt/last.ckpt")      # resumes from the snapshot
+    trainer = Trainer(plugins=[SnapshotCheckpointIO(async_save=True)],
+                      callbacks=[ModelCheckpoint(dirpath="ckpt", save_top_k=2, save_last=True)])
+    trainer.fit(model, ckpt_path="ckpt/last.ckpt")      # resumes from the snapshot
 
 The same class serves ``lightning.pytorch`` and ``pytorch_lightning``: importing this module
 registers it as a (virtual) subclass of the ``CheckpointIO`` of each one installed, which is what
 either ``Trainer`` checks its plugins against. Importing it needs one of them (``pip install
-"snapshotkit[integrations]"``); ``import snapshotkit`` never imports Lightning.
+"snapshotkit[integrations]"``); ``import snapshotkit`` never imports Lightning. See ``docs/lightning.md``.
 """
 
 from __future__ import annotations

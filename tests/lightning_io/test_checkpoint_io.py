@@ -316,8 +316,9 @@ def _names(steps: tuple[int, ...]) -> list[str]:
     return sorted([*(f"epoch={(s - 1) // BATCHES_PER_EPOCH}-step={s}.ckpt" for s in steps), "last.ckpt"])
 
 
-def _resume_matches_an_uninterrupted_run(lightning: Flavour, root: Path, make_io: Any) -> None:
-    """12 steps in one run == 8 steps checkpointed by ``make_io()``'s plugin, then 4 resumed from last.ckpt."""
+def _resume_matches_an_uninterrupted_run(lightning: Flavour, root: Path, make_io: Any, *, by_name: bool) -> None:
+    """12 steps in one run == 8 steps checkpointed by ``make_io()``'s plugin, then 4 resumed from
+    last.ckpt (``by_name``: Lightning finds it from ``ckpt_path="last"``, listing the folder)."""
     counter = lightning.counter()
     full, module = lightning.trainer(root / "full", 12, plugins=[], callbacks=[counter]), lightning.module()
     full.fit(module, data())
@@ -336,7 +337,7 @@ def _resume_matches_an_uninterrupted_run(lightning: Flavour, root: Path, make_io
     resumed = lightning.trainer(
         root / "b", 12, plugins=[make_io()], callbacks=[counter, _checkpointing(lightning, folder)]
     )
-    resumed.fit(module, data(), ckpt_path=str(folder / "last.ckpt"))
+    resumed.fit(module, data(), ckpt_path="last" if by_name else str(folder / "last.ckpt"))
     assert_same_state(state_of(resumed, module, counter), expected)
     assert snapshot_names(folder) == _names((10, 12))
 
@@ -352,14 +353,16 @@ def _resume_matches_an_uninterrupted_run(lightning: Flavour, root: Path, make_io
 )
 def test_fit_resumes_from_last_ckpt_exactly(flavour: str, async_save: bool, tmp_path: Path) -> None:
     lightning = Flavour.load(flavour)
-    _resume_matches_an_uninterrupted_run(lightning, tmp_path, lambda: SnapshotCheckpointIO(async_save=async_save))
+    _resume_matches_an_uninterrupted_run(
+        lightning, tmp_path, lambda: SnapshotCheckpointIO(async_save=async_save), by_name=async_save
+    )
 
 
 @pytest.mark.slow
 def test_fit_resumes_exactly_with_the_process_executor(tmp_path: Path) -> None:
     lightning = Flavour.load("lightning.pytorch")
     _resume_matches_an_uninterrupted_run(
-        lightning, tmp_path, lambda: SnapshotCheckpointIO(async_save=True, executor="process")
+        lightning, tmp_path, lambda: SnapshotCheckpointIO(async_save=True, executor="process"), by_name=False
     )
 
 
@@ -379,14 +382,20 @@ def test_fit_from_a_damaged_checkpoint_raises_our_error(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_fit_saves_removes_and_resumes_through_s3(
-    flavour: str, seaweed_s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    flavour: str,
+    seaweed_s3_endpoint: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     import boto3
+    import s3fs
 
     bucket = f"lightning-{flavour.replace('.', '-').replace('_', '-')}"
     boto3.client("s3", endpoint_url=seaweed_s3_endpoint).create_bucket(Bucket=bucket)
     # ModelCheckpoint lists and checks its dirpath with its own fsspec filesystem
     monkeypatch.setenv("AWS_ENDPOINT_URL", seaweed_s3_endpoint)
+    request.addfinalizer(s3fs.S3FileSystem.clear_instance_cache)  # fsspec keeps that filesystem
     lightning = Flavour.load(flavour)
     options = {"endpoint_url": seaweed_s3_endpoint}
     folder = f"s3://{bucket}/run"
