@@ -103,10 +103,20 @@ def snapshot_names(folder: Path) -> list[str]:
 # ---------------------------------------------------------------- the CheckpointIO calls
 
 
-def test_import_snapshotkit_does_not_import_lightning() -> None:
-    code = "import sys, snapshotkit, snapshotkit.convert; print(sorted(m for m in sys.modules if 'lightning' in m))"
+def test_import_snapshotkit_does_not_import_lightning_and_without_it_the_module_says_what_to_install() -> None:
+    code = (
+        "import sys, snapshotkit, snapshotkit.convert\n"
+        "print(sorted(m for m in sys.modules if 'lightning' in m))\n"
+        "sys.modules['lightning'] = sys.modules['lightning_fabric'] = None  # as if neither were installed\n"
+        "try:\n"
+        "    import snapshotkit.lightning\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.strip() == "[]"
+    imported, message = done.stdout.splitlines()
+    assert imported == "[]"
+    assert 'pip install "snapshotkit[integrations]"' in message and "pip install lightning" in message
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
