@@ -233,3 +233,15 @@ def rank_failed(what: str, failed: list[tuple[int, RankOutcome]], consequence: s
     )
     error.__cause__ = first.error
     return error
+
+
+def own_process_group() -> Any | None:
+    """A new process group of this process alone when ``torch.distributed`` runs several ranks,
+    else None (no group needed). Only this process calls it (``use_local_synchronization``): the
+    way for one rank to take or read a snapshot while the others are elsewhere, as Lightning's
+    global rank 0 saves its checkpoints alone."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.new_group([dist.get_rank()], backend="gloo", use_local_synchronization=True)

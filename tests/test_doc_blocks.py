@@ -386,7 +386,7 @@ def test_pending_pages_are_still_pending() -> None:
 
 def test_the_shell_blocks_are_found() -> None:
     documents = _documents_to_run()
-    assert {"README.md", "docs/quickstart.md", "docs/cli.md"} <= set(documents), documents
+    assert {"README.md", "docs/quickstart.md", "docs/cli.md", "docs/lightning.md"} <= set(documents), documents
 
 
 @pytest.mark.slow

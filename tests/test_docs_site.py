@@ -21,6 +21,7 @@ import pytest
 import snapshotkit
 import snapshotkit.convert
 import snapshotkit.diff
+import snapshotkit.lightning
 import snapshotkit.verify
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,6 +16,7 @@ PUBLIC_MODULES = [
     "snapshotkit.diff",
     "snapshotkit.errors",
     "snapshotkit.events",
+    "snapshotkit.lightning",
     "snapshotkit.manager",
     "snapshotkit.manifest",
     "snapshotkit.stateful",

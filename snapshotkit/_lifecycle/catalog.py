@@ -14,7 +14,7 @@ foreign checkpoint (DCP, a user's files) that happens to sit under ``step_<n>`` 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from snapshotkit._format.document import SnapshotMetadata
@@ -33,9 +33,10 @@ async def list_root(plugin: StoragePlugin) -> RootListing:
     return parse_listing(await plugin.list(""))
 
 
-async def _holds_only_take_dirs(plugin: StoragePlugin, step: int) -> bool:
-    """Whether the directories below ``step``'s are at most the ``data/`` a take creates."""
-    top = step_dir(step) + "/"
+async def _holds_only_take_dirs(plugin: StoragePlugin, directory: str) -> bool:
+    """Whether the directories below ``directory`` (a location prefix, no slash) are at most
+    the ``data/`` a take creates."""
+    top = directory + "/"
     subdirs = await plugin.list_dirs(top)
     if any(d != top + "data" for d in subdirs):
         return False
@@ -53,7 +54,7 @@ async def empty_step_dirs(plugin: StoragePlugin, listing: RootListing) -> list[i
         step = step_of(name)
         if step is None or step in listing.steps:
             continue
-        if await _holds_only_take_dirs(plugin, step):
+        if await _holds_only_take_dirs(plugin, step_dir(step)):
             steps.append(step)
     return sorted(steps)
 
@@ -97,20 +98,26 @@ async def read_record(plugin: StoragePlugin, step: int) -> StepRecord | None:
 
 
 async def delete_snapshot(plugin: StoragePlugin, objects: StepObjects) -> None:
-    """Delete what a take wrote below ``objects.step``, crash-safely.
+    """Delete what a take wrote below ``objects.step``, crash-safely (see :func:`delete_snapshot_dir`)."""
+    await delete_snapshot_dir(plugin, step_dir(objects.step), objects.locations)
+
+
+async def delete_snapshot_dir(plugin: StoragePlugin, directory: str, locations: Sequence[str]) -> None:
+    """Delete what a take wrote below ``directory`` (a location prefix of ``plugin``, no slash),
+    crash-safely; ``locations`` are every object below it (a listing of ``directory + "/"``).
 
     The manifest goes first, so a deletion cut short leaves a directory that never opens as a
     snapshot (and that the next clean-up removes). Objects a take does not write stay, and so do
     directories it does not create.
     """
-    prefix = step_dir(objects.step) + "/"
+    prefix = directory + "/"
     manifest = prefix + METADATA_FILENAME
-    if manifest in objects.locations:
+    if manifest in locations:
         with contextlib.suppress(FileNotFoundError):
             await plugin.delete(manifest)
-    if objects.only_ours:
+    if all(OWN_OBJECT.fullmatch(location.removeprefix(prefix)) for location in locations):
         await plugin.delete_prefix(prefix)
     else:
-        await plugin.discard([loc for loc in objects.locations if OWN_OBJECT.fullmatch(loc.removeprefix(prefix))])
-    if plugin.capabilities.directories and await _holds_only_take_dirs(plugin, objects.step):
+        await plugin.discard([loc for loc in locations if OWN_OBJECT.fullmatch(loc.removeprefix(prefix))])
+    if plugin.capabilities.directories and await _holds_only_take_dirs(plugin, directory):
         await plugin.remove_empty_dirs(prefix)

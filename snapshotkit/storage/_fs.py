@@ -154,11 +154,23 @@ class FSStoragePlugin(StoragePlugin):
             self._created_dirs.update(missing)
             self._known_dirs.add(parent)
 
+    def _create(self, path: Path) -> int:
+        """Open ``path`` for a fresh write, its directories made first."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        self._ensure_parent(path)
+        try:
+            return os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            # The directory went away since this plugin made it (a plugin reused across takes,
+            # as the checkpoint daemon's is, and the snapshot there deleted in between): make it again.
+            self._known_dirs.discard(path.parent)
+            self._ensure_parent(path)
+            return os.open(path, flags, 0o644)
+
     def _write_blocking(self, path: Path, buffers: list[memoryview], *, sync_entry: bool = True) -> None:
         """Write and sync ``path``; with ``sync_entry``, sync its directory too (its name is durable)."""
         try:
-            self._ensure_parent(path)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = self._create(path)
             try:
                 _writev_all(fd, buffers)
                 (getattr(os, "fdatasync", None) or os.fsync)(fd)

@@ -286,3 +286,21 @@ def test_a_file_system_that_cannot_fsync_directories_still_takes(
     take_basic(snapshot)
     monkeypatch.undo()
     assert Snapshot(str(snapshot)).read_object("extras/step") == 3
+
+
+def test_a_plugin_writes_again_into_a_directory_deleted_since_it_made_it(tmp_path: Path) -> None:
+    """The checkpoint daemon keeps its plugins across takes: a snapshot deleted and taken again at
+    the same path (Lightning's ``last.ckpt``) finds the directories it made before gone."""
+    plugin = FSStoragePlugin(tmp_path / "last.ckpt")
+
+    async def scenario() -> bytes:
+        await plugin.write("data/0_00000_aa", b"first")
+        await plugin.delete_prefix("")
+        await plugin.remove_empty_dirs("data/")
+        assert not (tmp_path / "last.ckpt" / "data").exists()
+        await plugin.write("data/0_00000_bb", b"second")
+        data = bytes(await plugin.read("data/0_00000_bb"))
+        await plugin.close()
+        return data
+
+    assert asyncio.run(scenario()) == b"second"
