@@ -1,0 +1,87 @@
+"""snapshotkit.dcp on real gloo ranks: 2 ranks save DTensor (Shard(0)) state with DCP's default
+planner (sync and async_save), then 1 rank and 2 ranks (another sharding) load it."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from snapshotkit import Snapshot
+from snapshotkit.dcp import SnapshotReader, SnapshotWriter
+from snapshotkit.manifest import ObjectEntry
+
+from ._harness import run_ranks
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+
+ROWS, COLUMNS = 64, 48
+
+
+def _weight() -> torch.Tensor:
+    return torch.arange(ROWS * COLUMNS, dtype=torch.float32).reshape(ROWS, COLUMNS)
+
+
+def _bias() -> torch.Tensor:
+    return torch.linspace(0, 1, COLUMNS)
+
+
+def _save(rank: int, world: int, root: str) -> list[int]:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
+    state = {
+        "model": {"w": distribute_tensor(_weight(), mesh, [Shard(0)]), "b": _bias()},  # b: on every rank
+        "extra": {"step": 3, "rank0_note": "from rank 0" if rank == 0 else "from rank 0"},
+    }
+    writer = SnapshotWriter(f"{root}/step_1")
+    dcp.save(state, storage_writer=writer)
+    written = [writer.written_bytes]
+    state["model"]["w"] = distribute_tensor(_weight() + 1, mesh, [Shard(0)])
+    pending = dcp.async_save(state, storage_writer=SnapshotWriter(f"{root}/step_2"))
+    pending.result()
+    return written
+
+
+def _load(rank: int, world: int, root: str, step: str) -> dict[str, Any]:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
+    state = {
+        "model": {"w": distribute_tensor(torch.zeros(ROWS, COLUMNS), mesh, [Shard(1)]), "b": torch.zeros(COLUMNS)},
+        "extra": {"step": 0, "rank0_note": ""},
+    }
+    dcp.load(state, storage_reader=SnapshotReader(f"{root}/{step}"))
+    return {"w": state["model"]["w"].full_tensor(), "b": state["model"]["b"], "step": state["extra"]["step"]}
+
+
+def test_two_ranks_save_and_one_or_two_load(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    written = run_ranks(2, _save, root)
+    snapshot = Snapshot(f"{root}/step_1")
+    # b is on every rank: DCP's planner gives it to one, so it is written once (so are the objects)
+    objects = sum(e.piece.nbytes for e in snapshot.get_manifest().values() if isinstance(e, ObjectEntry))
+    assert sum(w[0] for w in written) == ROWS * COLUMNS * 4 + COLUMNS * 4 + objects
+    assert torch.equal(snapshot.read_object("model/w"), _weight())
+    assert torch.equal(snapshot.read_object("model/b"), _bias())
+    assert snapshot.read_object("extra/step") == 3
+
+    # one process loads what two saved (resharding to a whole tensor)
+    state = {
+        "model": {"w": torch.zeros(ROWS, COLUMNS), "b": torch.zeros(COLUMNS)},
+        "extra": {"step": 0, "rank0_note": ""},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=SnapshotReader(f"{root}/step_2"), no_dist=True)
+    assert torch.equal(state["model"]["w"], _weight() + 1) and torch.equal(state["model"]["b"], _bias())
+    assert state["extra"] == {"step": 3, "rank0_note": "from rank 0"}
+
+    # two ranks load into Shard(1): each reads the column block it needs of both row shards
+    for loaded in run_ranks(2, _load, root, "step_1"):
+        assert torch.equal(loaded["w"], _weight()) and torch.equal(loaded["b"], _bias()) and loaded["step"] == 3
