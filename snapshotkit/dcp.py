@@ -64,7 +64,7 @@ def _item_bytes(item: Any) -> int:
     numel = 1
     for size in item.tensor_data.chunk.sizes:
         numel *= size
-    return numel * item.tensor_data.properties.dtype.itemsize
+    return int(numel * item.tensor_data.properties.dtype.itemsize)
 
 
 class SnapshotWriter(StorageWriter):

@@ -13,6 +13,7 @@ checksum verified) before handing it to the planner, as DCP's own readers do.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -78,6 +79,10 @@ def _keys(view: Mapping[str, Entry], logical_path: str) -> tuple[str | int, ...]
         else:
             keys.append(text)
     return tuple(keys)
+
+
+def _int_text(text: str) -> bool:
+    return text.lstrip("-").isdigit()
 
 
 def _tensor_metadata(dtype: str, shape: tuple[int, ...]) -> TensorStorageMetadata:
@@ -148,8 +153,7 @@ def read_items(
             if isinstance(entry, ObjectEntry):
                 blobs.append((item, loader.add_stored_bytes(logical, entry.piece)))
             elif isinstance(entry, PrimitiveEntry):
-                data = serialize_object(entry.value)
-                blobs.append((item, lambda data=data: data))
+                blobs.append((item, functools.partial(serialize_object, entry.value)))
             else:
                 raise UnsupportedValueError(
                     f"DCP asked for {logical!r} as bytes, but the snapshot holds a tensor there"

@@ -85,7 +85,7 @@ def plan_state(plan: SavePlan, planner: SavePlanner) -> dict[str, Held]:
     for item in plan.items:
         fqn = item.index.fqn
         keys = item_keys(plan, fqn)
-        data = planner.resolve_data(item)
+        data: Any = planner.resolve_data(item)
         if item.type == WriteItemType.BYTE_IO:
             _place(tree, keys, Serialized(data.getvalue(), _type_name(planner, item)), fqn)
         elif item.type == WriteItemType.TENSOR:

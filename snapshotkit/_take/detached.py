@@ -65,7 +65,7 @@ def write_part(prepared: PreparedTake, *, config: Config, storage_options: Mappi
     commit = CommitPlan(prepared.path, options, prepared.plan, prepared.decision, layouts, 1, {}, bases)
     writer = InlineWriter()
     target = Target(prepared.path, options, prepared.reuse)
-    submitted = []
+    submitted: list[Any] = []
     try:
         with gc_paused():
             submitted, error = stage_and_submit(prepared, writer, target, config, ByteProgress("", enabled=False))

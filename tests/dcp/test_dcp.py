@@ -98,7 +98,7 @@ def test_save_load_round_trip_is_bit_exact(tmp_path: Path) -> None:
 
 
 def test_logical_paths_are_those_of_snapshot_take(tmp_path: Path) -> None:
-    model, optimizer = trained()
+    model, _ = trained()
     dcp.save({"model": model.state_dict()}, storage_writer=SnapshotWriter(tmp_path / "dcp"), no_dist=True)
     Snapshot.take(str(tmp_path / "take"), {"model": model})
     via_dcp, via_take = Snapshot(str(tmp_path / "dcp")), Snapshot(str(tmp_path / "take"))

@@ -37,7 +37,7 @@ def _save(rank: int, world: int, root: str) -> list[int]:
     mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
     state = {
         "model": {"w": distribute_tensor(_weight(), mesh, [Shard(0)]), "b": _bias()},  # b: on every rank
-        "extra": {"step": 3, "rank0_note": "from rank 0" if rank == 0 else "from rank 0"},
+        "extra": {"step": 3, "note": "same on every rank"},
     }
     writer = SnapshotWriter(f"{root}/step_1")
     dcp.save(state, storage_writer=writer)
@@ -54,7 +54,7 @@ def _load(rank: int, world: int, root: str, step: str) -> dict[str, Any]:
     mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
     state = {
         "model": {"w": distribute_tensor(torch.zeros(ROWS, COLUMNS), mesh, [Shard(1)]), "b": torch.zeros(COLUMNS)},
-        "extra": {"step": 0, "rank0_note": ""},
+        "extra": {"step": 0, "note": ""},
     }
     dcp.load(state, storage_reader=SnapshotReader(f"{root}/{step}"))
     return {"w": state["model"]["w"].full_tensor(), "b": state["model"]["b"], "step": state["extra"]["step"]}
@@ -74,14 +74,33 @@ def test_two_ranks_save_and_one_or_two_load(tmp_path: Path) -> None:
     # one process loads what two saved (resharding to a whole tensor)
     state = {
         "model": {"w": torch.zeros(ROWS, COLUMNS), "b": torch.zeros(COLUMNS)},
-        "extra": {"step": 0, "rank0_note": ""},
+        "extra": {"step": 0, "note": ""},
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state, storage_reader=SnapshotReader(f"{root}/step_2"), no_dist=True)
     assert torch.equal(state["model"]["w"], _weight() + 1) and torch.equal(state["model"]["b"], _bias())
-    assert state["extra"] == {"step": 3, "rank0_note": "from rank 0"}
+    assert state["extra"] == {"step": 3, "note": "same on every rank"}
 
     # two ranks load into Shard(1): each reads the column block it needs of both row shards
     for loaded in run_ranks(2, _load, root, "step_1"):
         assert torch.equal(loaded["w"], _weight()) and torch.equal(loaded["b"], _bias()) and loaded["step"] == 3
+
+
+def _save_in_checkpoint_process(rank: int, world: int, path: str) -> bool:
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    state = {"w": _weight(), "extra": {"step": 5}}
+    pending = dcp.async_save(
+        state, storage_writer=SnapshotWriter(path), async_checkpointer_type=AsyncCheckpointerType.PROCESS
+    )
+    pending.result()
+    loaded = {"w": torch.zeros(ROWS, COLUMNS), "extra": {"step": 0}}
+    dcp.load(loaded, storage_reader=SnapshotReader(path))
+    return torch.equal(loaded["w"], _weight()) and loaded["extra"]["step"] == 5
+
+
+def test_async_save_in_dcps_checkpoint_process(tmp_path: Path) -> None:
+    # the writer is pickled to DCP's checkpoint process, which writes and commits there
+    assert run_ranks(1, _save_in_checkpoint_process, str(tmp_path / "step_1")) == [True]
+    assert Snapshot(str(tmp_path / "step_1")).read_object("extra/step") == 5
