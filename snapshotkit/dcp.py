@@ -32,13 +32,9 @@ from snapshotkit._dcp.write import save_part
 from snapshotkit._take.detached import WrittenPart, commit_parts
 from snapshotkit.errors import InvalidArgumentError
 from snapshotkit.snapshot import Snapshot
-from snapshotkit.storage._registry import split_uri
+from snapshotkit.storage._registry import serves
 
 __all__ = ["SnapshotReader", "SnapshotWriter"]
-
-
-def _checked_path(path: object) -> str:
-    return snapshot_path(path)
 
 
 def _valid_id(checkpoint_id: object) -> bool:
@@ -48,8 +44,7 @@ def _valid_id(checkpoint_id: object) -> bool:
         text = snapshot_path(checkpoint_id)
     except Exception:
         return False
-    scheme, _ = split_uri(text)
-    return bool(scheme)
+    return serves(text)
 
 
 def _done(value: Any) -> Future[Any]:
@@ -102,14 +97,14 @@ class SnapshotWriter(StorageWriter):
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.path = _checked_path(path)
+        self.path = snapshot_path(path)
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise InvalidArgumentError(f"storage_options must be a mapping, got {type(storage_options).__name__}")
         if metadata is not None and not isinstance(metadata, Mapping):
             raise InvalidArgumentError(f"metadata must be a JSON object (a mapping), got {type(metadata).__name__}")
         if isinstance(base, Snapshot):
             base = base.path
-        self.base = _checked_path(base) if base is not None else None
+        self.base = snapshot_path(base) if base is not None else None
         self.storage_options = dict(storage_options or {})
         self.memory_budget_bytes = memory_budget_bytes
         self.metadata = dict(metadata or {})
@@ -122,7 +117,7 @@ class SnapshotWriter(StorageWriter):
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new save; with ``checkpoint_id``, at that path."""
         if checkpoint_id is not None:
-            self.path = _checked_path(checkpoint_id)
+            self.path = snapshot_path(checkpoint_id)
         self.committed, self.written_bytes = None, 0
 
     @classmethod
@@ -196,7 +191,7 @@ class SnapshotReader(StorageReader):
         memory_budget_bytes: int | None = None,
     ) -> None:
         super().__init__()
-        self.path = _checked_path(path)
+        self.path = snapshot_path(path)
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise InvalidArgumentError(f"storage_options must be a mapping, got {type(storage_options).__name__}")
         self.storage_options = dict(storage_options or {})
@@ -210,7 +205,7 @@ class SnapshotReader(StorageReader):
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new load; with ``checkpoint_id``, from that path."""
         if checkpoint_id is not None:
-            self.path = _checked_path(checkpoint_id)
+            self.path = snapshot_path(checkpoint_id)
         self._snapshot, self._view = None, None
 
     @classmethod

@@ -11,7 +11,16 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
-from snapshotkit._format.entries import DictEntry, Entry, ObjectEntry, Piece, Shard, ShardedTensorEntry, TensorEntry
+from snapshotkit._format.entries import (
+    DictEntry,
+    Entry,
+    ObjectEntry,
+    Piece,
+    PrimitiveEntry,
+    Shard,
+    ShardedTensorEntry,
+    TensorEntry,
+)
 from snapshotkit._plan.decide import Decision, PieceKey
 from snapshotkit._plan.layout import PieceSlot
 from snapshotkit._plan.leaves import TensorLeaf
@@ -86,7 +95,9 @@ def merge_results(results: Sequence[RankResult], decision: Decision, layouts: Ma
 def merge_parts(parts: Sequence[Mapping[str, Entry]]) -> dict[str, Entry]:
     """One manifest from the manifests of takes that each wrote part of one state (DCP's ranks,
     each a take of its own write items): dicts hold the union of their keys, a sharded tensor
-    the shards of every part, anything else comes from the one part that holds it.
+    the shards of every part, anything else comes from the one part that holds it, marked
+    replicated: the state is global (a DCP key names one value for every rank), so every rank's
+    view of the snapshot holds it.
 
     Raises:
         UnsupportedValueError: parts disagree on a path (a sharded tensor's global dtype or shape,
@@ -99,6 +110,8 @@ def merge_parts(parts: Sequence[Mapping[str, Entry]]) -> dict[str, Entry]:
             seen = merged.get(key)
             if seen is None:
                 merged[key] = entry
+                if isinstance(entry, (TensorEntry, ObjectEntry, PrimitiveEntry)):
+                    merged[key] = dataclasses.replace(entry, replicated=True)
             elif isinstance(seen, DictEntry) and isinstance(entry, DictEntry):
                 known = set(seen.keys)
                 merged[key] = DictEntry(seen.keys + tuple(k for k in entry.keys if k not in known), seen.ordered)

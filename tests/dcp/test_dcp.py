@@ -173,6 +173,7 @@ def test_writer_and_reader_pickle_and_take_checkpoint_ids(tmp_path: Path) -> Non
     )
     assert SnapshotWriter.validate_checkpoint_id(tmp_path / "x") and SnapshotWriter.validate_checkpoint_id("s3://b/p")
     assert not SnapshotWriter.validate_checkpoint_id(None) and not SnapshotReader.validate_checkpoint_id("")
+    assert not SnapshotReader.validate_checkpoint_id("nosuchscheme://b/p")
 
     state = {"w": torch.arange(10.0)}
     dcp.save(state, checkpoint_id=tmp_path / "by_id", storage_writer=SnapshotWriter(tmp_path / "unused"), no_dist=True)

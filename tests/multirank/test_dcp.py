@@ -11,9 +11,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from click.testing import CliRunner
 
 from snapshotkit import Snapshot
+from snapshotkit.cli import main
 from snapshotkit.dcp import SnapshotReader, SnapshotWriter
+from snapshotkit.errors import IncompleteSnapshotError
 from snapshotkit.manifest import ObjectEntry
 
 from ._harness import run_ranks
@@ -57,7 +60,14 @@ def _load(rank: int, world: int, root: str, step: str) -> dict[str, Any]:
         "extra": {"step": 0, "note": ""},
     }
     dcp.load(state, storage_reader=SnapshotReader(f"{root}/{step}"))
-    return {"w": state["model"]["w"].full_tensor(), "b": state["model"]["b"], "step": state["extra"]["step"]}
+    # DCP keys are global: every rank's view of the snapshot holds b, whichever rank wrote it
+    read = Snapshot(f"{root}/{step}").read_object("model/b")
+    return {
+        "w": state["model"]["w"].full_tensor(),
+        "b": state["model"]["b"],
+        "step": state["extra"]["step"],
+        "read": read,
+    }
 
 
 def test_two_ranks_save_and_one_or_two_load(tmp_path: Path) -> None:
@@ -85,6 +95,7 @@ def test_two_ranks_save_and_one_or_two_load(tmp_path: Path) -> None:
     # two ranks load into Shard(1): each reads the column block it needs of both row shards
     for loaded in run_ranks(2, _load, root, "step_1"):
         assert torch.equal(loaded["w"], _weight()) and torch.equal(loaded["b"], _bias()) and loaded["step"] == 3
+        assert torch.equal(loaded["read"], _bias())
 
 
 def _save_in_checkpoint_process(rank: int, world: int, path: str) -> bool:
@@ -104,3 +115,34 @@ def test_async_save_in_dcps_checkpoint_process(tmp_path: Path) -> None:
     # the writer is pickled to DCP's checkpoint process, which writes and commits there
     assert run_ranks(1, _save_in_checkpoint_process, str(tmp_path / "step_1")) == [True]
     assert Snapshot(str(tmp_path / "step_1")).read_object("extra/step") == 5
+
+
+def _save_failing_on_rank_1(rank: int, world: int, path: str) -> str:
+    import sys
+
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
+    import _storage_doubles
+
+    _storage_doubles.register()
+    mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
+    state = {"model": {"w": distribute_tensor(_weight(), mesh, [Shard(0)])}}
+    try:
+        dcp.save(state, storage_writer=SnapshotWriter(f"failing://{path}"))
+    except CheckpointException as exc:
+        return str(exc)
+    return "saved"
+
+
+def test_a_rank_that_fails_fails_the_save_and_nothing_opens(tmp_path: Path) -> None:
+    path = tmp_path / "step_1"
+    outcomes = run_ranks(2, _save_failing_on_rank_1, str(path), env={"SNAPSHOTKIT_TEST_FAIL_RANK": "1"})
+    assert all("No space left on device" in outcome for outcome in outcomes), outcomes
+    with pytest.raises(IncompleteSnapshotError):  # rank 0's part stays, without a manifest
+        Snapshot(str(path)).metadata
+    leftovers = sorted(p.name for p in (path / "data").iterdir())
+    assert len(leftovers) == 1, leftovers  # rank 0's chunk; rank 1 keeps nothing of its failed part
+    cleanup = CliRunner().invoke(main, ["cleanup", str(tmp_path)], catch_exceptions=False)
+    assert cleanup.exit_code == 0 and not path.exists(), cleanup.output
