@@ -1,6 +1,6 @@
 """``torch.distributed.checkpoint`` (DCP) storage that writes and reads snapshotkit snapshots.
 
-.. code-block:: python
+Example::
 
     import torch.distributed.checkpoint as dcp
     from snapshotkit.dcp import SnapshotReader, SnapshotWriter
@@ -82,6 +82,12 @@ class SnapshotWriter(StorageWriter):
             ``Snapshot.take``).
         metadata: your JSON object, stored in the manifest (``Snapshot(path).metadata.user_metadata``).
 
+    Attributes:
+        committed: after a save whose commit ran in this process (the coordinator's writer), the
+            committed :class:`~snapshotkit.Snapshot`; else None.
+        written_bytes: the bytes this rank's part of the last save wrote (references to ``base``
+            excluded).
+
     Raises:
         InvalidArgumentError: ``path`` or ``base`` is not a path, ``storage_options`` or
             ``metadata`` not a mapping.
@@ -126,15 +132,19 @@ class SnapshotWriter(StorageWriter):
         return _valid_id(checkpoint_id)
 
     def storage_meta(self) -> StorageMeta | None:
+        """The path, for DCP's planner."""
         return StorageMeta(checkpoint_id=self.path)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Note whether this rank commits (DCP's coordinator)."""
         self.is_coordinator = is_coordinator
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """DCP's plan, unchanged: its planner decides which rank writes what."""
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """DCP's plans, unchanged."""
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -224,12 +234,15 @@ class SnapshotReader(StorageReader):
         return self._dcp_view().metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Open the snapshot (its manifest is read once per reader)."""
         self._dcp_view()
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """DCP's plan, unchanged."""
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """DCP's plans, unchanged."""
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:

@@ -46,9 +46,10 @@ def _save(rank: int, world: int, root: str) -> list[int]:
     dcp.save(state, storage_writer=writer)
     written = [writer.written_bytes]
     state["model"]["w"] = distribute_tensor(_weight() + 1, mesh, [Shard(0)])
-    pending = dcp.async_save(state, storage_writer=SnapshotWriter(f"{root}/step_2"))
+    incremental = SnapshotWriter(f"{root}/step_2", base=f"{root}/step_1")  # only w changed
+    pending = dcp.async_save(state, storage_writer=incremental)
     pending.result()
-    return written
+    return [*written, incremental.written_bytes]
 
 
 def _load(rank: int, world: int, root: str, step: str) -> dict[str, Any]:
@@ -72,11 +73,14 @@ def _load(rank: int, world: int, root: str, step: str) -> dict[str, Any]:
 
 def test_two_ranks_save_and_one_or_two_load(tmp_path: Path) -> None:
     root = str(tmp_path)
-    written = run_ranks(2, _save, root)
+    written = run_ranks(2, _save, root, env={"SNAPSHOTKIT_MIN_REFERENCE_BYTES": "64"})
     snapshot = Snapshot(f"{root}/step_1")
     # b is on every rank: DCP's planner gives it to one, so it is written once (so are the objects)
     objects = sum(e.piece.nbytes for e in snapshot.get_manifest().values() if isinstance(e, ObjectEntry))
     assert sum(w[0] for w in written) == ROWS * COLUMNS * 4 + COLUMNS * 4 + objects
+    # the incremental async_save wrote w again and referenced b and the objects in step_1
+    assert sum(w[1] for w in written) == ROWS * COLUMNS * 4
+    assert set(Snapshot(f"{root}/step_2").metadata.bases) == {"../step_1"}
     assert torch.equal(snapshot.read_object("model/w"), _weight())
     assert torch.equal(snapshot.read_object("model/b"), _bias())
     assert snapshot.read_object("extra/step") == 3
