@@ -29,6 +29,7 @@ from torch.futures import Future
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dcp.read import DcpView, dcp_view, read_items
 from snapshotkit._dcp.write import save_part
+from snapshotkit._dist import resolve_group
 from snapshotkit._take.detached import WrittenPart, commit_parts
 from snapshotkit.errors import InvalidArgumentError
 from snapshotkit.snapshot import Snapshot
@@ -136,8 +137,20 @@ class SnapshotWriter(StorageWriter):
         return StorageMeta(checkpoint_id=self.path)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        """Note whether this rank commits (DCP's coordinator)."""
+        """Note whether this rank commits (DCP's coordinator).
+
+        Raises:
+            InvalidArgumentError: ``dcp.save(use_collectives=False)`` on several ranks (each rank
+                would commit a manifest of its own part at the one path); nothing is written.
+        """
         self.is_coordinator = is_coordinator
+        if kwargs.get("use_collectives", True) is False and resolve_group(None).world_size > 1:
+            raise InvalidArgumentError(
+                f"SnapshotWriter({self.path!r}) commits one manifest for every rank's part, which needs DCP's "
+                "collectives, but dcp.save was called with use_collectives=False on several ranks; nothing was "
+                "written. Drop use_collectives=False, or give each rank a path of its own "
+                "(e.g. f'{path}/rank_{rank}')"
+            )
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """DCP's plan, unchanged: its planner decides which rank writes what."""

@@ -304,3 +304,10 @@ def test_bytes_items_load_exactly_as_dcp_saved_them(tmp_path: Path) -> None:
     loaded: dict[str, Any] = {"obj": {"nested": None, "t": torch.zeros(3, dtype=torch.int64)}}
     dcp.load(loaded, storage_reader=SnapshotReader(tmp_path / "s"), no_dist=True)
     assert loaded["obj"]["nested"] == [1, 2.5, "x"] and torch.equal(loaded["obj"]["t"], torch.arange(3))
+
+
+def test_use_collectives_false_on_one_process_saves(tmp_path: Path) -> None:
+    dcp.save(
+        {"w": torch.arange(4.0)}, storage_writer=SnapshotWriter(tmp_path / "s"), no_dist=True, use_collectives=False
+    )
+    assert torch.equal(Snapshot(str(tmp_path / "s")).read_object("w"), torch.arange(4.0))

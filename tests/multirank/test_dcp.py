@@ -150,3 +150,18 @@ def test_a_rank_that_fails_fails_the_save_and_nothing_opens(tmp_path: Path) -> N
     assert len(leftovers) == 1, leftovers  # rank 0's chunk; rank 1 keeps nothing of its failed part
     cleanup = CliRunner().invoke(main, ["cleanup", str(tmp_path)], catch_exceptions=False)
     assert cleanup.exit_code == 0 and not path.exists(), cleanup.output
+
+
+def _save_without_collectives(rank: int, world: int, path: str) -> str:
+    try:
+        dcp.save({f"w{rank}": torch.ones(4)}, storage_writer=SnapshotWriter(path), use_collectives=False)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "saved"
+
+
+def test_use_collectives_false_on_several_ranks_is_refused(tmp_path: Path) -> None:
+    # each rank would commit its own part as the snapshot: refused on every rank, nothing written
+    outcomes = run_ranks(2, _save_without_collectives, str(tmp_path / "step_1"))
+    assert all("InvalidArgumentError" in o and "use_collectives=False" in o for o in outcomes), outcomes
+    assert not (tmp_path / "step_1").exists()
