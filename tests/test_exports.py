@@ -13,6 +13,7 @@ PUBLIC_MODULES = [
     "snapshotkit",
     "snapshotkit.cli",
     "snapshotkit.convert",
+    "snapshotkit.dcp",
     "snapshotkit.diff",
     "snapshotkit.errors",
     "snapshotkit.events",

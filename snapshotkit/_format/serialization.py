@@ -9,6 +9,7 @@ stored as ``torch.save`` bytes and loaded with ``weights_only=True`` unless the 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import io
 import math
 import pickle
@@ -102,6 +103,18 @@ def tensor_from_bytes(data: memoryview | bytes | bytearray, dtype: torch.dtype, 
     if dtype != torch.uint8:
         flat = flat.view(dtype)
     return flat.reshape(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Serialized:
+    """A value someone already turned into ``torch.save`` bytes (a DCP ``BYTE_IO`` write item).
+
+    A take stores ``data`` verbatim as the object's bytes (an object entry of type
+    ``type_name``), so reading the object gives the value and reading its piece gives ``data``.
+    """
+
+    data: bytes
+    type_name: str
 
 
 def serialize_object(obj: Any) -> bytes:

@@ -1,4 +1,4 @@
-"""Sharded tensors (``DTensor``, ``ShardedTensor``) as boxes of a global tensor.
+"""Sharded tensors (``DTensor``, ``ShardedTensor``, :class:`LocalChunks`) as boxes of a global tensor.
 
 A take stores each distinct local box once; a restore fills each destination box from the
 stored boxes it overlaps, reading only the stored pieces (whole dim-0 row blocks) that overlap.
@@ -37,6 +37,25 @@ class LocalShards:
     layout: str
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalChunks:
+    """Chunks of a global tensor that this process holds, without a tensor subclass around them.
+
+    A take stores it as a sharded leaf (its chunks as boxes) and a restore fills its chunks as it
+    fills a ``DTensor``'s local shard: how DCP's write items (chunks with offsets) and read items
+    (regions of a stored tensor) go through the one take and restore pipeline.
+
+    Attributes:
+        dtype: the global tensor's dtype (every chunk's).
+        shape: the global tensor's shape.
+        chunks: each box with the local tensor of exactly its sizes.
+    """
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    chunks: tuple[tuple[Box, torch.Tensor], ...]
+
+
 def _dtensor_class() -> Any:
     try:
         from torch.distributed.tensor import DTensor
@@ -54,15 +73,19 @@ def _sharded_tensor_class() -> Any:
 
 
 def is_sharded(value: object) -> bool:
-    """Whether ``value`` is a ``DTensor`` or a ``ShardedTensor``."""
+    """Whether ``value`` is a ``DTensor``, a ``ShardedTensor`` or :class:`LocalChunks`."""
+    if type(value) is LocalChunks:
+        return True
     if not isinstance(value, torch.Tensor) or type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
         return False  # the common case, without importing torch.distributed.tensor (about 1 s)
     dtensor, sharded = _dtensor_class(), _sharded_tensor_class()
     return (dtensor is not None and isinstance(value, dtensor)) or (sharded is not None and isinstance(value, sharded))
 
 
-def local_shards(value: torch.Tensor, logical_path: str) -> LocalShards:
+def local_shards(value: torch.Tensor | LocalChunks, logical_path: str) -> LocalShards:
     """The boxes ``value`` holds on this rank, each with its local tensor (a view, no copy)."""
+    if isinstance(value, LocalChunks):
+        return LocalShards(value.dtype, value.shape, list(value.chunks), "DCP chunks")
     dtensor = _dtensor_class()
     if dtensor is not None and isinstance(value, dtensor):
         from torch.distributed.tensor import Partial
@@ -94,11 +117,11 @@ def local_shards(value: torch.Tensor, logical_path: str) -> LocalShards:
 def destination_boxes(value: object) -> list[tuple[Box, torch.Tensor]] | None:
     """The boxes a restore destination wants filled, each with the local tensor to fill in place.
 
-    A ``DTensor`` or ``ShardedTensor`` wants its local boxes; None for anything else.
+    A ``DTensor``, ``ShardedTensor`` or :class:`LocalChunks` wants its local boxes; None for anything else.
     """
     if not is_sharded(value):
         return None
-    assert isinstance(value, torch.Tensor)
+    assert isinstance(value, (torch.Tensor, LocalChunks))
     return local_shards(value, "<destination>").boxes
 
 

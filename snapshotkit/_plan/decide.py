@@ -70,8 +70,10 @@ class Decision:
         return keys
 
 
-def decide(infos: Sequence[RankInfo], *, chunk_bytes: int) -> Decision:
+def decide(infos: Sequence[RankInfo], *, chunk_bytes: int, partial_shards: bool = False) -> Decision:
     """Replicated paths, sharded boxes, and the writer of every replicated or sharded piece.
+
+    ``partial_shards``: sharded tensors may be covered only in part (see :func:`distinct_boxes`).
 
     Raises:
         UnsupportedValueError: the ranks' shards of a tensor disagree on its global dtype or
@@ -97,7 +99,7 @@ def decide(infos: Sequence[RankInfo], *, chunk_bytes: int) -> Decision:
             key = PieceKey(path, index)
             spans[key] = span
             items.append(WriteItem(key, span.nbytes))
-    boxes = distinct_boxes(infos)
+    boxes = distinct_boxes(infos, partial=partial_shards)
     row_spans: dict[tuple[tuple[int, ...], int], list[Span]] = {}  # the boxes of a tensor mostly share sizes
     for path, description in boxes.sharded.items():
         itemsize = dtype_from_name(description.dtype).itemsize
@@ -130,8 +132,11 @@ class DistinctBoxes:
     holders: Mapping[str, Mapping[Box, tuple[int, ...]]]
 
 
-def distinct_boxes(infos: Sequence[RankInfo]) -> DistinctBoxes:
+def distinct_boxes(infos: Sequence[RankInfo], *, partial: bool = False) -> DistinctBoxes:
     """Each sharded tensor with its distinct boxes, and the ranks holding each box.
+
+    ``partial``: the ranks hold part of each tensor only (a DCP rank's own chunks, whose union
+    over every rank's take is checked when the ranks' manifests are merged); no coverage check.
 
     Raises:
         UnsupportedValueError: the ranks' shards of a tensor disagree on its global dtype or
@@ -161,7 +166,7 @@ def distinct_boxes(infos: Sequence[RankInfo]) -> DistinctBoxes:
     for path, seen in found.items():
         boxes = tuple(box for box, _ in holders[path].values())  # dicts keep first-seen order
         covered = sum(math.prod(box.sizes) for box in boxes)
-        if covered != math.prod(seen.shape):
+        if covered != math.prod(seen.shape) and not (partial and covered < math.prod(seen.shape)):
             raise UnsupportedValueError(
                 f"the shards of {path!r} held by the ranks cover {covered} of its {math.prod(seen.shape)} elements "
                 "(overlapping or missing shards); every shard must be held by a rank of the process group"

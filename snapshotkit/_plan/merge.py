@@ -8,13 +8,24 @@ rank's result into the manifest, assembling replicated and sharded entries from 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
-from snapshotkit._format.entries import Entry, ObjectEntry, Piece, Shard, ShardedTensorEntry, TensorEntry
+from snapshotkit._format.entries import (
+    DictEntry,
+    Entry,
+    ObjectEntry,
+    Piece,
+    PrimitiveEntry,
+    Shard,
+    ShardedTensorEntry,
+    TensorEntry,
+)
 from snapshotkit._plan.decide import Decision, PieceKey
 from snapshotkit._plan.layout import PieceSlot
 from snapshotkit._plan.leaves import TensorLeaf
 from snapshotkit._plan.rank_plan import PendingObject, PendingReplicated, PendingSharded, PendingTensor, TakePlan
+from snapshotkit.errors import UnsupportedValueError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,3 +90,51 @@ def merge_results(results: Sequence[RankResult], decision: Decision, layouts: Ma
             else:
                 manifest[key] = entry
     return manifest
+
+
+def merge_parts(parts: Sequence[Mapping[str, Entry]]) -> dict[str, Entry]:
+    """One manifest from the manifests of takes that each wrote part of one state (DCP's ranks,
+    each a take of its own write items): dicts hold the union of their keys, a sharded tensor
+    the shards of every part, anything else comes from the one part that holds it, marked
+    replicated: the state is global (a DCP key names one value for every rank), so every rank's
+    view of the snapshot holds it.
+
+    Raises:
+        UnsupportedValueError: parts disagree on a path (a sharded tensor's global dtype or shape,
+            a leaf held by two parts, a dict in one and a leaf in another), or a sharded tensor's
+            shards do not cover it exactly once.
+    """
+    merged: dict[str, Entry] = {}
+    for part in parts:
+        for key, entry in part.items():
+            seen = merged.get(key)
+            if seen is None:
+                merged[key] = entry
+                if isinstance(entry, (TensorEntry, ObjectEntry, PrimitiveEntry)):
+                    merged[key] = dataclasses.replace(entry, replicated=True)
+            elif isinstance(seen, DictEntry) and isinstance(entry, DictEntry):
+                known = set(seen.keys)
+                merged[key] = DictEntry(seen.keys + tuple(k for k in entry.keys if k not in known), seen.ordered)
+            elif (
+                isinstance(seen, ShardedTensorEntry)
+                and isinstance(entry, ShardedTensorEntry)
+                and (seen.dtype, seen.shape) == (entry.dtype, entry.shape)
+            ):
+                held = {(shard.offsets, shard.sizes) for shard in seen.shards}
+                extra = tuple(shard for shard in entry.shards if (shard.offsets, shard.sizes) not in held)
+                merged[key] = dataclasses.replace(seen, shards=seen.shards + extra)
+            else:
+                raise UnsupportedValueError(
+                    f"two ranks wrote {key.partition('/')[2]!r} differently (a {seen.kind} and a {entry.kind}); "
+                    "every DCP write item must be written by one rank (DCP's planner deduplicates them)"
+                )
+    for key, entry in merged.items():
+        if isinstance(entry, ShardedTensorEntry):
+            covered = sum(math.prod(shard.sizes) for shard in entry.shards)
+            if covered != math.prod(entry.shape):
+                raise UnsupportedValueError(
+                    f"the chunks of {key.partition('/')[2]!r} written by the ranks cover {covered} of its "
+                    f"{math.prod(entry.shape)} elements (overlapping or missing chunks); every element of a "
+                    "sharded tensor must be in exactly one rank's write items"
+                )
+    return merged

@@ -74,6 +74,13 @@ def _fetch(
     return run_sync(_read_and_close(open_store(open_plugin, path), loader, config, bar))
 
 
+def fetch_planned(open_plugin: OpenPlugin, path: str, loader: LeafLoader, config: Config) -> int:
+    """Read everything ``loader`` planned (ranged reads under the budget, verified) from the
+    snapshot at ``path``; the bytes read from storage. The thunks its ``add`` calls returned
+    then give the values."""
+    return _fetch(open_plugin, path, loader, config)
+
+
 async def _read_and_close(
     plugin: StoragePlugin, loader: LeafLoader, config: Config, bar: ByteProgress | None = None
 ) -> int:

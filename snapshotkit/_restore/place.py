@@ -119,7 +119,7 @@ class LeafLoader:
             slot = _Slot()
             self._add_blob(logical_path, entry.piece, lambda obj: setattr(slot, "value", obj))
             return lambda: slot.value
-        if isinstance(destination, torch.Tensor):
+        if isinstance(destination, torch.Tensor) or is_sharded(destination):
             if is_sharded(destination):  # its local shards hold the memory (a ShardedTensor has no is_cuda)
                 for _, local in destination_boxes(destination) or ():
                     if local.is_cuda:
@@ -133,6 +133,20 @@ class LeafLoader:
         if isinstance(entry, ShardedTensorEntry):
             return self._add_sharded(logical_path, entry, destination)
         raise ManifestError(f"{logical_path!r} is a {entry.kind}, not a leaf")
+
+    def add_stored_bytes(self, logical_path: str, piece: Piece) -> Callable[[], bytes]:
+        """Plan reading the bytes of ``piece`` as stored (verified, not deserialized).
+
+        Returns a thunk that gives them once :attr:`reads` have been fetched.
+        """
+        slot = _Slot()
+        self._claim(logical_path, (piece,), fresh_tensor=False)
+
+        def consume(offset: int, data: memoryview) -> None:
+            slot.value = bytes(data)
+
+        self.reads.append(PieceRead(piece, logical_path, consume=consume))
+        return lambda: slot.value
 
     def _after_queued_work(self, device: torch.device) -> None:
         """Wait for the work queued on the caller's current stream of ``device`` (once per device).

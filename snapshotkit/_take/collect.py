@@ -18,8 +18,8 @@ import torch
 
 from snapshotkit._format.dtypes import RAW_ITEMSIZE
 from snapshotkit._format.entries import ContainerEntry, PrimitiveEntry, escape_key, join_path
-from snapshotkit._format.serialization import RAW, dtype_name, serialize_object, tensor_serializer
-from snapshotkit._format.sharded import box_slice, column_split, is_sharded, local_shards
+from snapshotkit._format.serialization import RAW, Serialized, dtype_name, serialize_object, tensor_serializer
+from snapshotkit._format.sharded import LocalChunks, box_slice, column_split, is_sharded, local_shards
 from snapshotkit._plan.flatten import check_int, fits_inline, flatten
 from snapshotkit._plan.leaves import Leaf, LocalState, ObjectLeaf, Payload, ShardBox, ShardedLeaf, TensorLeaf
 from snapshotkit._plan.select import Selection
@@ -107,12 +107,15 @@ def describe_state(
             flat = selected
         containers.update(flat.containers)
         for path, leaf in flat.leaves.items():
-            if isinstance(leaf, torch.Tensor) and is_sharded(leaf):
+            if is_sharded(leaf):
                 leaves[path] = _describe_sharded(path, leaf, payloads, prepare)
             elif isinstance(leaf, torch.Tensor):
                 if prepare is not None:
                     leaf = _prepared(prepare, path, leaf)
                 leaves[path] = _describe_tensor(path, leaf, payloads, by_identity)
+            elif type(leaf) is Serialized:  # already torch.save bytes: stored verbatim
+                payloads.append(Payload.of_bytes(leaf.data))
+                leaves[path] = ObjectLeaf(len(payloads) - 1, leaf.type_name)
             elif leaf is None or (type(leaf) in _PRIMITIVE_TYPES and fits_inline(leaf)):
                 if type(leaf) is int:
                     check_int(path, leaf)
@@ -177,7 +180,7 @@ def _checked_result(path: str, tensor: torch.Tensor, result: object, tracing: st
 
 
 def _describe_sharded(
-    path: str, value: torch.Tensor, payloads: list[Payload], prepare: TensorPrepareFunc | None
+    path: str, value: torch.Tensor | LocalChunks, payloads: list[Payload], prepare: TensorPrepareFunc | None
 ) -> ShardedLeaf:
     shards = local_shards(value, path)
     dtype, held = shards.dtype, list(shards.boxes)

@@ -371,11 +371,16 @@ def discard(commit: CommitPlan, locations: Sequence[str]) -> None:
     names what was left (an incomplete snapshot's leftovers, which SnapshotManager and
     ``snapshotkit cleanup`` remove).
     """
+    discard_at(commit.path, commit.storage_options, locations)
+
+
+def discard_at(path: str, storage_options: Mapping[str, object], locations: Sequence[str]) -> None:
+    """:func:`discard` for the data objects at ``locations`` of the snapshot at ``path``."""
     if not locations:
         return
 
     async def run() -> None:
-        plugin = _plugin(commit)
+        plugin = open_storage_plugin(path, dict(storage_options))
         try:
             await plugin.discard(locations)
         finally:
@@ -387,7 +392,7 @@ def discard(commit: CommitPlan, locations: Sequence[str]) -> None:
         logger.warning(
             "could not delete the data objects a failed take wrote under %s (of the %d it started: %s): %s: %s. "
             "What was written is left as an incomplete snapshot; SnapshotManager or `snapshotkit cleanup` removes it",
-            commit.path,
+            path,
             len(locations),
             first_few(list(locations), show=str),
             type(exc).__name__,

@@ -232,7 +232,7 @@ def run_prepared(
             rendezvous = StoreRendezvous(group, f"snapshotkit/{prepared.take_id}/{prepared.path}")
         staging_s = time.perf_counter()
         with gc_paused():
-            submitted, staging_error = _stage_and_submit(prepared, writer, target, config, job.progress)
+            submitted, staging_error = stage_and_submit(prepared, writer, target, config, job.progress)
         logger.debug("take %s: stage %.3f s", job.path, time.perf_counter() - staging_s)
     except BaseException as exc:  # before anything was handed to _finish: the job still reports how it ended
         job._finish(exc)
@@ -258,7 +258,7 @@ def run_prepared(
     return job
 
 
-def _stage_and_submit(
+def stage_and_submit(
     prepared: PreparedTake, writer: Writer, target: Target, config: Config, progress: ByteProgress
 ) -> tuple[list[_Submitted], BaseException | None]:
     """Stage every data object under the memory budget and hand it to ``writer``.
@@ -317,7 +317,7 @@ def _releaser(writer: Writer, budget: StagingBudget, staged: StagedObject, cost:
     return release
 
 
-def _wait_for_writes(
+def wait_for_writes(
     submitted: Sequence[_Submitted], error: BaseException | None, path: str, plan: TakePlan
 ) -> tuple[dict[PieceSlot, Piece], BaseException | None]:
     """The final piece of every slot written (or referenced), and the first error. After an error,
@@ -365,7 +365,7 @@ def _finish(
     try:
         waiting_s = time.perf_counter()
         try:
-            pieces, error = _wait_for_writes(submitted, error, commit.path, commit.plan)
+            pieces, error = wait_for_writes(submitted, error, commit.path, commit.plan)
         except BaseException as exc:  # interrupted while waiting: the other ranks still hear of it
             pieces, error = {}, exc
         committing_s = time.perf_counter()

@@ -91,6 +91,7 @@ def prepare_take(
     exclude: object = None,
     tensor_prepare_func: object = None,
     load_base: LoadBase | None = None,
+    partial_shards: bool = False,
 ) -> PreparedTake:
     """Collect, describe, exchange and plan (see the module docstring).
 
@@ -101,7 +102,9 @@ def prepare_take(
     nothing, an existing snapshot at the path or ``step_<n>`` snapshots below it, a base that
     cannot be read or lies outside the folder that holds the path) makes every rank raise here,
     before anything is written.
-    ``load_base`` (an incremental take) reads the base's manifest on every rank. Without
+    ``load_base`` (an incremental take) reads the base's manifest on every rank.
+    ``partial_shards``: sharded leaves may hold part of their tensor only (a DCP rank's chunks;
+    the caller checks the coverage of the union). Without
     ``open_plugin`` nothing touches storage: a rehearsal that only plans (``prepare_async``).
     """
     started_s = time.perf_counter()
@@ -161,7 +164,7 @@ def prepare_take(
         assert local is not None
         take_path = infos[0].path
         with gc_paused():
-            decision = decide(infos, chunk_bytes=config.chunk_bytes)
+            decision = decide(infos, chunk_bytes=config.chunk_bytes, partial_shards=partial_shards)
             fixed = fix_plan(
                 local,
                 decision,

@@ -105,6 +105,20 @@ def split_uri(uri: str) -> tuple[str, str]:
     return match.group(1).lower(), match.group(2)
 
 
+def serves(uri: str) -> bool:
+    """Whether some storage plugin serves ``uri``'s scheme (registered, built in, by entry point,
+    or through fsspec), without opening one."""
+    scheme, _ = split_uri(uri)
+    with _registered_lock:
+        if scheme in _registered:
+            return True
+    if scheme in _BUILTIN or _entry_point_factory(scheme) is not None:
+        return True
+    from snapshotkit.storage._fsspec import fsspec_knows
+
+    return bool(fsspec_knows(scheme))
+
+
 def url_to_storage_plugin(uri: str, storage_options: Mapping[str, Any] | None = None) -> StoragePlugin:
     """The storage plugin for a snapshot URI (without the retry layer: see :func:`open_storage_plugin`).
 
