@@ -197,6 +197,45 @@ def incremental(scratch: Path, state: dict[str, Any], repeats: int) -> Record:
     }
 
 
+def async_staging(scratch: Path, state: dict[str, Any], calls: int) -> Record:
+    """Seconds ``dcp.async_save`` blocks the caller (its staging), per writer, against a memcpy.
+
+    Each writer serves ``calls`` saves in a row (each waited for before the next); the first
+    call is reported apart (a cached stager allocates then), the later ones by their median.
+    DCP's ``FileSystemWriter(cache_staged_state_dict=True)`` pins its cache always, which fails
+    without a GPU, so it runs only where CUDA is available.
+    """
+    copies = []
+    for _ in range(3):
+        copies.append(timed(lambda: [t.clone() for t in state["model"].values()]))
+    writers: dict[str, Callable[[Path], Any]] = {
+        "snapshotkit": lambda p: SnapshotWriter(p),
+        "snapshotkit_cached": lambda p: SnapshotWriter(p, cache_staged_state_dict=True),
+        "dcp": lambda p: dcp.FileSystemWriter(str(p)),
+    }
+    if torch.cuda.is_available():
+        writers["dcp_cached"] = lambda p: dcp.FileSystemWriter(str(p), cache_staged_state_dict=True)
+    out: Record = {"memcpy_s": M.median(copies), "calls": calls, "writers": {}}
+    for name, make in writers.items():
+        writer, blocked = make(scratch / f"async_{name}"), []
+        for call in range(calls):
+            where = scratch / f"async_{name}_{call}"
+            start = time.perf_counter()
+            future = dcp.async_save(state, storage_writer=writer, checkpoint_id=str(where), no_dist=True)
+            blocked.append(time.perf_counter() - start)
+            future.result()
+            shutil.rmtree(where)
+        later = M.median(blocked[1:]) if calls > 1 else blocked[0]
+        out["writers"][name] = {
+            "first_s": blocked[0],
+            "later_median_s": later,
+            "later_over_memcpy": M.ratio(later, out["memcpy_s"]),
+            "blocked_s": blocked,
+        }
+        R.progress(f"async {name}: first {blocked[0]:.3f} s, later {later:.3f} s")
+    return out
+
+
 @contextlib.contextmanager
 def seaweed() -> Iterator[str]:
     from snapshotkit.testing import SeaweedS3Server
@@ -245,6 +284,22 @@ def render(report: Record) -> str:
             f"{R.fmt_bytes(inc['incremental']['written_bytes'])}; seconds ratio {R.fmt_x(inc['seconds_ratio'])}, "
             f"bytes ratio {R.fmt_x(inc['written_ratio'])}; bit-exact {'yes' if inc['verified'] else 'NO'}"
         )
+    staging = report.get("async_staging")
+    if staging:
+        lines.append(
+            f"\n== dcp.async_save, seconds the call blocks (staging), {staging['calls']} calls each; "
+            f"memcpy of the state {R.fmt_num(staging['memcpy_s'], '.3f', ' s')}"
+        )
+        rows = [
+            (
+                name,
+                R.fmt_num(r["first_s"], ".3f", " s"),
+                R.fmt_num(r["later_median_s"], ".3f", " s"),
+                R.fmt_x(r["later_over_memcpy"]),
+            )
+            for name, r in staging["writers"].items()
+        ]
+        lines += R.table("writer<22|first call>12|later (median)>15|later/memcpy>13", rows)
     return "\n".join(lines)
 
 
@@ -279,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": ratios(results, "snapshotkit", "dcp"),
         }
         report["incremental"] = incremental(scratch, state, args.repeats)
+        report["async_staging"] = async_staging(scratch, state, calls=2 if args.quick else 5)
         del state
         if not args.no_s3:
             state = make_state(args.s3_size_mib * MiB, args.tensor_mib * MiB, seed=1)

@@ -21,8 +21,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
@@ -63,13 +65,31 @@ def _item_bytes(item: Any) -> int:
     return int(numel * item.tensor_data.properties.dtype.itemsize)
 
 
-class SnapshotWriter(StorageWriter):
+def _holds_cuda(value: Any) -> bool:
+    """Whether a (nested) state dict holds a CUDA tensor (a DTensor's local tensor included)."""
+    if isinstance(value, torch.Tensor):
+        local = value.to_local() if hasattr(value, "to_local") else value
+        return bool(local.is_cuda)
+    if isinstance(value, Mapping):
+        return any(_holds_cuda(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_cuda(v) for v in value)
+    return False
+
+
+class SnapshotWriter(StorageWriter, BlockingAsyncStager):
     """A DCP ``StorageWriter`` that writes a snapshot at ``path``.
 
     Each rank writes the items DCP's planner gave it through snapshotkit's take pipeline
     (staged under the memory budget, checksummed, any storage scheme); DCP's coordinator rank
     then commits the manifest, last. Picklable, so ``dcp.async_save`` works with both
     executors (thread and process).
+
+    Like DCP's ``FileSystemWriter`` it is the stager of ``dcp.async_save`` (a
+    ``BlockingAsyncStager``): the call copies the state to the CPU before it returns, into new
+    tensors each time, or, with ``cache_staged_state_dict=True``, into the same (pinned where
+    CUDA is available) tensors every call, which blocks the caller about as long as a memcpy of
+    the state and keeps one copy of it in memory between saves.
 
     Args:
         path: where the snapshot goes (a directory, ``file://``, ``s3://``, ``gs://``... any
@@ -82,6 +102,9 @@ class SnapshotWriter(StorageWriter):
         memory_budget_bytes: host bytes each rank's writing may hold at once (see
             ``Snapshot.take``).
         metadata: your JSON object, stored in the manifest (``Snapshot(path).metadata.user_metadata``).
+        cache_staged_state_dict: ``dcp.async_save`` stages into the tensors of the previous call
+            (as DCP's ``FileSystemWriter``'s option of that name); reuse one writer for every
+            save (``dcp.async_save(..., checkpoint_id=path)`` gives each its path).
 
     Attributes:
         committed: after a save whose commit ran in this process (the coordinator's writer), the
@@ -102,8 +125,14 @@ class SnapshotWriter(StorageWriter):
         base: str | os.PathLike[str] | Snapshot | None = None,
         memory_budget_bytes: int | None = None,
         metadata: Mapping[str, Any] | None = None,
+        cache_staged_state_dict: bool = False,
     ) -> None:
-        super().__init__()
+        StorageWriter.__init__(self)
+        if not isinstance(cache_staged_state_dict, bool):
+            raise InvalidArgumentError(
+                f"cache_staged_state_dict must be True or False, got {cache_staged_state_dict!r}"
+            )
+        BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         self.path = snapshot_path(path)
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise InvalidArgumentError(f"storage_options must be a mapping, got {type(storage_options).__name__}")
@@ -120,6 +149,26 @@ class SnapshotWriter(StorageWriter):
         self.committed: Snapshot | None = None
         #: Bytes this rank wrote in its last save (an incremental save's references excluded).
         self.written_bytes = 0
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``dcp.async_save``'s copy of ``state_dict`` on the CPU (see the class), blocking.
+
+        With ``cache_staged_state_dict``, the copy's tensors are made once and filled again on
+        every later call; they are pinned only when the state holds CUDA tensors (DCP's own
+        stager pins them always, which fails where no GPU is).
+        """
+        if not self.cache_staged_state_dict:
+            return BlockingAsyncStager.stage(self, state_dict)
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        if self.state_dict_cache is None:
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=_holds_cuda(state_dict))
+        return _copy_state_dict(state_dict, self.state_dict_cache)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The staging cache stays in the process that stages (DCP's process executor pickles the
+        # writer: the cached copy of the state would travel with it).
+        return {**self.__dict__, "state_dict_cache": None}
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new save; with ``checkpoint_id``, at that path."""

@@ -25,7 +25,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from snapshotkit import Snapshot
 from snapshotkit.cli import main
 from snapshotkit.dcp import SnapshotReader, SnapshotWriter
-from snapshotkit.errors import IncompleteSnapshotError, IntegrityError, SnapshotExistsError, SnapshotNotFoundError
+from snapshotkit.errors import (
+    IncompleteSnapshotError,
+    IntegrityError,
+    InvalidArgumentError,
+    SnapshotExistsError,
+    SnapshotNotFoundError,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -164,6 +170,34 @@ def test_async_save_in_a_thread_round_trips(tmp_path: Path) -> None:
     loaded = {"model": {k: torch.zeros_like(v) for k, v in expected.items()}}
     dcp.load(loaded, storage_reader=SnapshotReader(tmp_path / "s"), no_dist=True)
     assert_equal(loaded["model"], expected)
+
+
+def test_the_writer_is_async_save_s_stager_and_its_cache_is_reused_unpinned_on_cpu(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.staging import AsyncStager
+
+    model, optimizer = trained()
+    state = state_of(model, optimizer)
+    writer = SnapshotWriter(tmp_path / "unused", cache_staged_state_dict=True)
+    assert isinstance(writer, AsyncStager)
+    first = writer.stage(state)
+    second = writer.stage(state)
+    weight = first["model"]["0.weight"]
+    assert second["model"]["0.weight"] is weight and weight is not state["model"]["0.weight"]
+    assert not weight.is_pinned()  # nothing is pinned for a CPU state (DCP's own cache pins always)
+    assert pickle.loads(pickle.dumps(writer)).state_dict_cache is None  # the cache stays in this process
+    expected = {k: v.clone() for k, v in state["model"].items()}
+    for step in (1, 2):  # the second save stages into the first one's tensors
+        future = dcp.async_save(state, storage_writer=writer, checkpoint_id=tmp_path / f"step_{step}", no_dist=True)
+        with torch.no_grad():  # changes after async_save returned are not in the snapshot
+            for tensor in model.parameters():
+                tensor.add_(1.0)
+        future.result()
+        loaded = {"model": {k: torch.zeros_like(v) for k, v in expected.items()}}
+        dcp.load(loaded, storage_reader=SnapshotReader(tmp_path / f"step_{step}"), no_dist=True)
+        assert_equal(loaded["model"], expected)
+        expected = {k: v + 1.0 for k, v in expected.items()}
+    with pytest.raises(InvalidArgumentError, match="cache_staged_state_dict"):
+        SnapshotWriter(tmp_path / "x", cache_staged_state_dict="yes")  # type: ignore[arg-type]
 
 
 def test_writer_and_reader_pickle_and_take_checkpoint_ids(tmp_path: Path) -> None:
