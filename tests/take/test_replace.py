@@ -179,9 +179,12 @@ def test_leftovers_of_a_replace_cut_after_its_commit_are_harmless_and_the_next_r
 
     assert_restores(str(path), 2)  # verify finds nothing wrong
     runner = CliRunner()
-    for command in (["verify", str(path)], ["info", str(path)], ["ls", str(tmp_path)]):
+    for command in (["verify", str(path)], ["info", str(path)], ["ls", str(tmp_path)], ["cleanup", str(tmp_path)]):
         result = runner.invoke(main, command, catch_exceptions=False, env={"COLUMNS": "160"})
         assert result.exit_code == 0, (command, result.output)
+        assert "damaged" not in result.output, result.output
+    assert "0 incomplete snapshots removed" in result.output
+    assert stale <= set(os.listdir(path / "data"))  # cleanup leaves a committed snapshot alone
     take(str(path), 3, _replace=True)
     assert_restores(str(path), 3)
     assert set(files_of(path)) == {MANIFEST, *referenced(str(path))}
