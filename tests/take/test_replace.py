@@ -163,6 +163,43 @@ def test_a_replace_on_s3(seaweed_s3_endpoint: str, mode: str, monkeypatch: pytes
     assert {k.removeprefix("run/last.ckpt/") for k in new} == {MANIFEST, *referenced(path, options)}
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Sending a large body directly:ResourceWarning")
+def test_a_replace_on_gcs(fake_gcs_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import urllib.request
+
+    monkeypatch.setenv("SNAPSHOTKIT_DATA_OBJECT_BYTES", str(32 * 1024))
+    bucket = "replace-test"
+    request = urllib.request.Request(
+        f"{fake_gcs_endpoint}/storage/v1/b?project=test",
+        json.dumps({"name": bucket}).encode(),
+        {"Content-Type": "application/json"},
+        method="POST",
+    )
+    urllib.request.urlopen(request, timeout=60).close()
+    options = {"project": "test", "token": "anon", "endpoint_url": fake_gcs_endpoint}
+    path = f"gs://{bucket}/run/last.ckpt"
+
+    def objects() -> set[str]:
+        plugin = url_to_storage_plugin(path, options)
+
+        async def listing() -> list[str]:
+            try:
+                return await plugin.list("")
+            finally:
+                await plugin.close()
+
+        return set(run_sync(listing()))
+
+    take(path, 1, storage_options=options)
+    old = objects()
+    take(path, 2, storage_options=options, _replace=True)
+    assert_restores(path, 2, options)
+    assert objects() == {MANIFEST, *referenced(path, options)}
+    assert not (objects() - {MANIFEST}) & old
+
+
 def test_leftovers_of_a_replace_cut_after_its_commit_are_harmless_and_the_next_replace_deletes_them(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
