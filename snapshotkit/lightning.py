@@ -52,8 +52,9 @@ class SnapshotCheckpointIO:
     every ``ModelCheckpoint`` save) a :meth:`Snapshot.take` of the checkpoint dict to that path (a
     directory, or any URI snapshotkit stores to), every ``ckpt_path=`` load a read of it, and
     every removal of an old top-k checkpoint a crash-safe deletion (manifest first). Saving onto
-    a path that holds a snapshot (``last.ckpt``, saved again and again) deletes that snapshot,
-    then takes the new one.
+    a path that holds a snapshot (``last.ckpt``, saved again and again) replaces it atomically:
+    the path opens as the old checkpoint until the new one is committed, and a save that fails
+    or is killed midway leaves the old one.
 
     Only the process that saves takes part: under ``torch.distributed`` (DDP) the global rank 0
     saves alone, through a process group of its own, as Lightning's strategies call it.
@@ -120,13 +121,13 @@ class SnapshotCheckpointIO:
                 ``storage_options`` not a dict; before anything is written.
             StorageError, UnsupportedValueError, ...: what :meth:`Snapshot.take` raises (with
                 ``async_save``, a background failure is raised later, see the class). On any
-                failure nothing at ``path`` opens as a snapshot.
+                failure ``path`` opens as what it held before (the previous checkpoint there,
+                or nothing).
         """
         where = snapshot_path(path)
         options = {**self.storage_options, **_options(storage_options, "storage_options")}
         app_state, metadata = checkpoint_app_state(checkpoint)
         self._settle(where)
-        remove_snapshot(where, options)
         if not self.async_save:
             Snapshot.take(
                 where,
@@ -135,6 +136,7 @@ class SnapshotCheckpointIO:
                 storage_options=options,
                 memory_budget_bytes=self.memory_budget_bytes,
                 metadata=metadata,
+                _replace=True,
             )
             return
         pending = Snapshot.async_take(
@@ -145,6 +147,7 @@ class SnapshotCheckpointIO:
             memory_budget_bytes=self.memory_budget_bytes,
             executor=self.executor,
             metadata=metadata,
+            _replace=True,
         )
         with self._lock:
             self._pending.append(pending)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from snapshotkit._config import Config, snapshot_path
@@ -20,6 +20,7 @@ from snapshotkit._runtime.progress import check_progress
 from snapshotkit._take import engine as take_engine
 from snapshotkit._take import warm as take_warm
 from snapshotkit._take.collect import TensorPrepareFunc
+from snapshotkit._take.prepare import LoadBase
 from snapshotkit.errors import InvalidArgumentError
 from snapshotkit.stateful import AppState
 from snapshotkit.storage import StoragePlugin
@@ -79,6 +80,7 @@ class Snapshot:
         exclude: Sequence[str] | None = None,
         base: str | os.PathLike[str] | Snapshot | None = None,
         progress: bool = False,
+        _replace: bool = False,
     ) -> Snapshot:
         """Snapshot the state of every object in ``app_state`` to ``path``.
 
@@ -133,6 +135,7 @@ class Snapshot:
                 incremental snapshot exactly like a full one.
             progress: show a bar on stderr (bytes written of the total, rate) once the take has
                 run 2 s; it stays, in its final state, when the take ends.
+            _replace: internal (``SnapshotCheckpointIO``): replace a snapshot at ``path`` atomically (docs/api.md).
 
         Returns:
             The committed snapshot.
@@ -175,6 +178,7 @@ class Snapshot:
             tensor_prepare_func=_custom_tensor_prepare_func,
             load_base=_base_loader(base, pg, options),
             progress=show,
+            replace=_replace is True,
         )
         return cls(target, pg=pg, storage_options=options)._committed(committed)
 
@@ -195,6 +199,7 @@ class Snapshot:
         exclude: Sequence[str] | None = None,
         base: str | os.PathLike[str] | Snapshot | None = None,
         progress: bool = False,
+        _replace: bool = False,
     ) -> PendingSnapshot:
         """Stage ``app_state`` and return; write and commit in the background.
 
@@ -242,6 +247,7 @@ class Snapshot:
             tensor_prepare_func=_custom_tensor_prepare_func,
             load_base=_base_loader(base, pg, options),
             progress=show,
+            replace=_replace is True,
         )
         return PendingSnapshot(job, pg, cls(job.path, pg=pg, storage_options=options)._committed)
 
@@ -493,25 +499,19 @@ class PendingSnapshot(PendingTake[Snapshot]):
         return super().wait(timeout)
 
 
-def _base_loader(
-    base: object, pg: Any | None, storage_options: dict[str, Any]
-) -> Callable[[], tuple[str, SnapshotMetadata, frozenset[str]]] | None:
-    """How a take reads its ``base=`` (run inside the take, so a base that cannot be read fails on
-    every rank before anything is written); None for a full take.
+def _base_loader(base: object, pg: Any | None, storage_options: dict[str, Any]) -> LoadBase | None:
+    """How a take reads ``base=`` (in the take, so an unreadable base fails every rank before any write), or None.
 
     Raises:
         InvalidArgumentError: ``base`` is not a path, a :class:`Snapshot` or None.
     """
     if base is None:
         return None
-    if isinstance(base, Snapshot):
-        snapshot = base
-    elif isinstance(base, (str, os.PathLike)):
-        snapshot = Snapshot(os.fspath(base), pg=pg, storage_options=storage_options)
-    else:
+    if not isinstance(base, (Snapshot, str, os.PathLike)):
         raise InvalidArgumentError(
             f"base must be the path of an earlier snapshot or a Snapshot, got {type(base).__name__} {base!r}"
         )
+    snapshot = base if isinstance(base, Snapshot) else Snapshot(os.fspath(base), pg=pg, storage_options=storage_options)
 
     def load() -> tuple[str, SnapshotMetadata, frozenset[str]]:
         metadata = snapshot.metadata

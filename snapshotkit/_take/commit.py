@@ -2,7 +2,9 @@
 
 IMPORTANT: the manifest is written last, with the plugin's exclusive write (fs: temporary file,
 fsync, hard link; object stores: a conditional PUT), by rank 0 only, and only after every rank
-reported that all its data objects were written. So nothing half-written ever opens.
+reported that all its data objects were written. So nothing half-written ever opens. A take
+replacing the snapshot at its path writes it with the plugin's atomic ``replace`` instead, and
+deletes the old snapshot's data objects only after that (:mod:`~snapshotkit._take.replace`).
 
 The steps, through a :class:`~snapshotkit._take.rendezvous.Rendezvous` (collectives for
 ``take``, the process group's store for ``async_take``'s background commit):
@@ -51,6 +53,7 @@ from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.loop import run_sync, spawn
 from snapshotkit._storage_failure import wrap_storage_failure
 from snapshotkit._take.rendezvous import Outcome, Rendezvous, Verdict
+from snapshotkit._take.replace import refuse_replaced_meanwhile, sweep
 from snapshotkit._take.reuse import referenced_bases
 from snapshotkit._text import first_few
 from snapshotkit._version import __version__
@@ -82,6 +85,13 @@ class CommitPlan:
     world_size: int
     user_metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     base_ids: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: A take replacing the snapshot at ``path`` (:mod:`~snapshotkit._take.replace`): the manifest
+    #: is written with the plugin's atomic ``replace``, and ``stale`` (rank 0: the data objects
+    #: there before the take) are deleted after the commit where the new manifest does not use them.
+    replace: bool = False
+    stale: tuple[str, ...] = ()
+    #: The digest of the manifest a replacing take replaces (rank 0), checked just before the commit.
+    replaced: str = ""
 
 
 def storage_error(
@@ -168,8 +178,11 @@ def _plugin(commit: CommitPlan) -> StoragePlugin:
     return open_storage_plugin(commit.path, dict(commit.storage_options))
 
 
-async def write_manifest(plugin: StoragePlugin, document: bytes, path: str, *, writer: str = "take") -> None:
-    """Commit: write the manifest ``document`` exclusively (the commit protocol's last step).
+async def write_manifest(
+    plugin: StoragePlugin, document: bytes, path: str, *, writer: str = "take", replace: bool = False
+) -> None:
+    """Commit: write the manifest ``document`` exclusively (the commit protocol's last step); with
+    ``replace``, atomically over the manifest there (a take replacing the snapshot at ``path``).
 
     ``writer`` names what is committing in the error when another snapshot got there first
     (``"take"``, ``"consolidate"``).
@@ -179,7 +192,10 @@ async def write_manifest(plugin: StoragePlugin, document: bytes, path: str, *, w
         StorageError: the store failed (the plugin's error is the cause).
     """
     try:
-        await plugin.write_exclusive(METADATA_FILENAME, document)
+        if replace:
+            await plugin.replace(METADATA_FILENAME, document)
+        else:
+            await plugin.write_exclusive(METADATA_FILENAME, document)
     except FileExistsError:
         problem = (
             f"another snapshot was committed at {path!r} while this {writer} was writing; this {writer}'s data was "
@@ -194,7 +210,12 @@ async def write_manifest(plugin: StoragePlugin, document: bytes, path: str, *, w
 async def _write_manifest_and_close(commit: CommitPlan, document: bytes) -> None:
     plugin = _plugin(commit)
     try:
-        await write_manifest(plugin, document, commit.path)
+        if commit.replace:
+            try:
+                await refuse_replaced_meanwhile(plugin, commit.path, commit.replaced)
+            except Exception as exc:  # SnapshotExistsError passes unchanged
+                raise storage_error(exc, commit.path, location=METADATA_FILENAME, action="reading")  # noqa: B904
+        await write_manifest(plugin, document, commit.path, replace=commit.replace)
     finally:
         await plugin.close()
 
@@ -214,7 +235,8 @@ def _commit_manifest(commit: CommitPlan, document: bytes) -> tuple[Outcome, Base
 
     A write that raised (or was interrupted) is stopped and waited for, then the manifest is read
     back (also after a refusal as a duplicate: a retried write may have been refused by its own
-    earlier attempt): ours there is a commit, nothing (or another take's) an abort, and a write
+    earlier attempt): ours there is a commit, nothing (or another take's, or the manifest a
+    replacing take was to replace) an abort, and a write
     that would not stop, or a store that cannot be read, leaves the outcome unknown.
     """
     spawned = spawn(_write_manifest_and_close(commit, document))
@@ -357,6 +379,8 @@ def _commit_as_rank_0(
                 commit.path,
                 describe_error(failure.__cause__ or failure),
             )
+        if commit.replace:
+            sweep(commit.path, commit.storage_options, commit.stale, metadata)
         return metadata
     assert failure is not None
     if outcome is Outcome.UNKNOWN and isinstance(failure, Exception):

@@ -79,9 +79,10 @@ def take(
     tensor_prepare_func: object = None,
     load_base: LoadBase | None = None,
     progress: bool = False,
+    replace: bool = False,
 ) -> tuple[str, SnapshotMetadata | None]:
     """A synchronous take on every rank of ``group``: the path written (rank 0's) and, on rank 0,
-    the committed metadata."""
+    the committed metadata. ``replace``: replace the snapshot at ``path`` (:mod:`~snapshotkit._take.replace`)."""
     job = start_take(
         path,
         app_state,
@@ -96,6 +97,7 @@ def take(
         tensor_prepare_func=tensor_prepare_func,
         load_base=load_base,
         progress=progress,
+        replace=replace,
     )
     return job.path, job.wait()
 
@@ -116,6 +118,7 @@ def async_take(
     tensor_prepare_func: object = None,
     load_base: LoadBase | None = None,
     progress: bool = False,
+    replace: bool = False,
 ) -> TakeJob:
     """Stage and return; a background writer writes and a coordinator thread commits."""
     if executor == "process":  # before the daemon starts or anything is read or written
@@ -135,6 +138,7 @@ def async_take(
         tensor_prepare_func=tensor_prepare_func,
         load_base=load_base,
         progress=progress,
+        replace=replace,
     )
 
 
@@ -153,13 +157,14 @@ def start_take(
     tensor_prepare_func: object = None,
     load_base: LoadBase | None = None,
     progress: bool = False,
+    replace: bool = False,
 ) -> TakeJob:
     """Run the pipeline (module docstring) with ``writer``; return once staging is done.
 
     With the inline writer the writes and the commit also ran when this returns.
     ``user_metadata``, ``include``, ``exclude`` and ``tensor_prepare_func`` are the caller's
     arguments, checked before anything is written; ``load_base`` reads an incremental take's base;
-    ``progress`` shows a bar of the bytes written.
+    ``progress`` shows a bar of the bytes written; ``replace`` replaces the snapshot at ``path``.
     """
     started_s, step = time.perf_counter(), current_step()
     emit("take_started", path=path, rank=group.rank, step=step)
@@ -179,6 +184,7 @@ def start_take(
             exclude=exclude,
             tensor_prepare_func=tensor_prepare_func,
             load_base=load_base,
+            replace=replace,
         )
     except BaseException as exc:
         bar.close()
@@ -226,6 +232,9 @@ def run_prepared(
             group.world_size,
             prepared.user_metadata,
             prepared.reuse.bases if prepared.reuse is not None else {},
+            prepared.replace,
+            prepared.stale,
+            prepared.replaced,
         )
         rendezvous: Rendezvous = CollectiveRendezvous(group)
         if group.distributed and not isinstance(writer, InlineWriter):

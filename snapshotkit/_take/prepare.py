@@ -37,6 +37,7 @@ from snapshotkit._take.collect import (
     describe_state,
 )
 from snapshotkit._take.commit import storage_error
+from snapshotkit._take.replace import manifest_digest, refuse_own_base, stale_objects
 from snapshotkit._take.reuse import ReuseIndex, build_reuse_index
 from snapshotkit._text import first_few
 from snapshotkit.errors import Advice, ConfigError, FolderOfSnapshotsError, SnapshotExistsError, SnapshotkitError
@@ -59,6 +60,9 @@ class PreparedTake:
         plan_reused: whether the plan of the last take on the process group was reused.
         describe_s: seconds spent collecting and describing the state.
         plan_s: seconds spent after that: agreeing, exchanging and planning.
+        replace: the take replaces the snapshot at ``path`` (:mod:`~snapshotkit._take.replace`).
+        stale: on rank 0 of a replacing take, the data objects at ``path`` before it.
+        replaced: on rank 0 of a replacing take, the digest of the manifest it replaces (``""``: none).
     """
 
     path: str
@@ -71,6 +75,9 @@ class PreparedTake:
     plan_reused: bool = False
     describe_s: float = 0.0
     plan_s: float = 0.0
+    replace: bool = False
+    stale: tuple[str, ...] = ()
+    replaced: str = ""
 
 
 #: Loads an incremental take's base: its path, decoded manifest, and the locations of its own
@@ -92,6 +99,7 @@ def prepare_take(
     tensor_prepare_func: object = None,
     load_base: LoadBase | None = None,
     partial_shards: bool = False,
+    replace: bool = False,
 ) -> PreparedTake:
     """Collect, describe, exchange and plan (see the module docstring).
 
@@ -104,7 +112,9 @@ def prepare_take(
     before anything is written.
     ``load_base`` (an incremental take) reads the base's manifest on every rank.
     ``partial_shards``: sharded leaves may hold part of their tensor only (a DCP rank's chunks;
-    the caller checks the coverage of the union). Without
+    the caller checks the coverage of the union). ``replace`` (a take replacing the snapshot at
+    ``path``) skips the refusal of an existing snapshot, lists the data objects there on rank 0,
+    and refuses ``path`` itself as the base. Without
     ``open_plugin`` nothing touches storage: a rehearsal that only plans (``prepare_async``).
     """
     started_s = time.perf_counter()
@@ -116,15 +126,21 @@ def prepare_take(
     patterns: list[str] = []
     digest = shared_digest = 0
     candidate: plan_cache.CachedPlan | None = None
+    stale: tuple[str, ...] = ()
+    replaced = ""
     try:
         stored_metadata = check_user_metadata(user_metadata)
         selection = Selection.of(include, exclude)
         prepare = check_tensor_prepare_func(tensor_prepare_func)
         states_of = validate_app_state(app_state)
         if group.rank == 0 and open_plugin is not None:
-            run_sync(_refuse_existing_and_close(_open(open_plugin, path), path, group.world_size))
+            replaced, stale = run_sync(
+                _refuse_existing_and_close(_open(open_plugin, path), path, group.world_size, replace)
+            )
         if load_base is not None:
             base_path, base, intact = load_base()
+            if replace:
+                refuse_own_base(path, base_path)
             reuse = build_reuse_index(path, base_path, base, config.min_reference_bytes, intact)
             if base.snapshot_id is None and group.rank == 0:
                 warnings.warn(
@@ -196,6 +212,9 @@ def prepare_take(
         plan_reused=agreement.reused is not None,
         describe_s=described_s - started_s,
         plan_s=time.perf_counter() - described_s,
+        replace=replace,
+        stale=stale,
+        replaced=replaced,
     )
 
 
@@ -267,7 +286,11 @@ async def refuse_folder_of_snapshots(plugin: StoragePlugin, path: str, *, writer
         raise error.advised(Advice(problem, "new_destination", (path,)))
 
 
-async def _refuse_existing_and_close(plugin: StoragePlugin, path: str, world_size: int) -> None:
+async def _refuse_existing_and_close(
+    plugin: StoragePlugin, path: str, world_size: int, replace: bool
+) -> tuple[str, tuple[str, ...]]:
+    """Refuse what a take to ``path`` must not write to; for a replacing take, the digest of the
+    manifest it replaces and the stale data objects (:mod:`~snapshotkit._take.replace`)."""
     try:
         if world_size > 1 and plugin.capabilities.process_local:
             raise ConfigError(
@@ -275,7 +298,18 @@ async def _refuse_existing_and_close(plugin: StoragePlugin, path: str, world_siz
                 "objects would stay in its own process's memory and the snapshot could not be restored. "
                 "Take it to a store every rank reaches (a shared file system path, s3://, gs://)"
             )
-        await refuse_existing(plugin, path)
+        if not replace:
+            await refuse_existing(plugin, path)
+            return "", ()
+        await refuse_folder_of_snapshots(plugin, path)
+        try:
+            replaced = await manifest_digest(plugin)
+        except Exception as exc:
+            raise storage_error(exc, path, location=METADATA_FILENAME, action="reading")  # noqa: B904
+        try:
+            return replaced, await stale_objects(plugin)
+        except Exception as exc:
+            raise storage_error(exc, path, action="listing")  # noqa: B904 - the cause is set
     finally:
         await plugin.close()
 

@@ -37,6 +37,9 @@ class Capabilities:
 
     Attributes:
         atomic_exclusive_write: ``write_exclusive`` cannot race (fs ``link``, S3 ``If-None-Match``).
+        atomic_replace: :meth:`~StoragePlugin.replace` is atomic to readers (fs: a temporary file
+            renamed over the object; object stores: one PUT or upload): a reader, and a crash at
+            any instant, sees the old object whole or the new one whole.
         listing: ``list`` is implemented.
         zero_copy_read_into: ``read_into`` fills caller buffers without an intermediate copy.
         own_retries: the plugin (or its client library) already retries transient failures of
@@ -55,6 +58,7 @@ class Capabilities:
     """
 
     atomic_exclusive_write: bool = False
+    atomic_replace: bool = False
     listing: bool = False
     zero_copy_read_into: bool = False
     own_retries: bool = False
@@ -158,6 +162,16 @@ class StoragePlugin(abc.ABC):
         """
         if await self.exists(location):
             raise FileExistsError(location)
+        await self.write(location, data)
+
+    async def replace(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
+        """Write ``location`` over the object there (if any) so that a reader sees the old object
+        whole or the new one whole, never a mix nor nothing, durably.
+
+        Used for the commit marker of a take that replaces a snapshot. The default is
+        :meth:`write`, which is atomic on object stores (one PUT or upload); plugins whose
+        ``write`` is not (a file written in place) override it and set ``capabilities.atomic_replace``.
+        """
         await self.write(location, data)
 
     async def list(self, prefix: str = "") -> list[str]:

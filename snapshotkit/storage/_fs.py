@@ -132,7 +132,12 @@ class FSStoragePlugin(StoragePlugin):
     """Snapshot objects as files below a root directory."""
 
     capabilities = Capabilities(
-        atomic_exclusive_write=True, listing=True, zero_copy_read_into=True, directories=True, host_page_cache=True
+        atomic_exclusive_write=True,
+        atomic_replace=True,
+        listing=True,
+        zero_copy_read_into=True,
+        directories=True,
+        host_page_cache=True,
     )
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
@@ -296,6 +301,23 @@ class FSStoragePlugin(StoragePlugin):
 
     async def write_exclusive(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
         await to_thread(self._write_exclusive_blocking, location, as_buffers(data))
+
+    def _replace_blocking(self, location: str, buffers: list[memoryview]) -> None:
+        final = self._path(location)
+        temporary = final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}")
+        # A temporary file written and synced, then renamed over the object: rename(2) is atomic,
+        # so a reader (and a crash at any instant) sees the old file whole or the new one whole.
+        try:
+            self._write_blocking(temporary, buffers, sync_entry=False)
+            os.replace(temporary, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        _fsync_dir(final.parent)  # the new entry
+
+    async def replace(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
+        await to_thread(self._replace_blocking, location, as_buffers(data))
 
     def _delete_blocking(self, location: str) -> None:
         path = self._path(location)

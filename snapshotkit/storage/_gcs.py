@@ -57,7 +57,7 @@ class GCSStoragePlugin(FsspecStoragePlugin):
 
     # gcsfs retries each request itself (6 attempts on 408/429/5xx and connection errors): the
     # retry layer must not multiply them.
-    capabilities = Capabilities(atomic_exclusive_write=True, listing=True, own_retries=True)
+    capabilities = Capabilities(atomic_exclusive_write=True, atomic_replace=True, listing=True, own_retries=True)
 
     def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
         root = root.strip("/")

@@ -24,7 +24,7 @@ _STORE_LOCK = threading.Lock()
 class MemoryStoragePlugin(StoragePlugin):
     """Objects in a process-wide dict, keyed by ``<root>/<location>``."""
 
-    capabilities = Capabilities(atomic_exclusive_write=True, listing=True, process_local=True)
+    capabilities = Capabilities(atomic_exclusive_write=True, atomic_replace=True, listing=True, process_local=True)
 
     def __init__(self, root: str) -> None:
         self.root = root.strip("/")

@@ -80,6 +80,10 @@ class RetryingStoragePlugin(StoragePlugin):
         buffers = as_buffers(data)
         await self._retry("write", location, lambda: self.plugin.write(location, buffers))
 
+    async def replace(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
+        buffers = as_buffers(data)  # repeating it is harmless: the same bytes replace the object again
+        await self._retry("write", location, lambda: self.plugin.replace(location, buffers))
+
     async def read(self, location: str, byte_range: ByteRange | None = None) -> bytes | memoryview:
         return await self._retry("read", location, lambda: self.plugin.read(location, byte_range))
 

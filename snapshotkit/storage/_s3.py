@@ -151,7 +151,7 @@ class S3StoragePlugin(FsspecStoragePlugin):
     plugin's; S3 supplies the request hooks, the writes, the listing and ``delete_prefix``.
     """
 
-    capabilities = Capabilities(atomic_exclusive_write=True, listing=True)
+    capabilities = Capabilities(atomic_exclusive_write=True, atomic_replace=True, listing=True)
 
     def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
         try:

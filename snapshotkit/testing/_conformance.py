@@ -356,6 +356,19 @@ class StoragePluginConformance(ListingCases):
         self._run(root, scenario)
         assert self.ground_truth_read(root, "COMMIT") == b"first"
 
+    # ----------------------------------------------------------------- replace
+
+    def test_replace_writes_over_an_object_and_a_new_one(self, root: str) -> None:
+        self.ground_truth_write(root, "COMMIT", b"first")
+
+        async def scenario(plugin: StoragePlugin) -> None:
+            await plugin.replace("COMMIT", [b"sec", memoryview(b"ond")])
+            await plugin.replace("nested/dir/COMMIT", b"new")
+
+        self._run(root, scenario)
+        self._assert_stored(root, "COMMIT", b"second")
+        self._assert_stored(root, "nested/dir/COMMIT", b"new")
+
     # ----------------------------------------------------------------- size and concurrency
 
     def test_large_object_round_trip(self, root: str) -> None:

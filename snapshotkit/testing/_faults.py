@@ -138,6 +138,9 @@ class FaultInjectingPlugin(StoragePlugin):
     async def write_exclusive(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
         await self._call("write_exclusive", location, lambda: self.plugin.write_exclusive(location, data))
 
+    async def replace(self, location: str, data: Buffer | Sequence[Buffer]) -> None:
+        await self._call("replace", location, lambda: self.plugin.replace(location, data))
+
     async def read(self, location: str, byte_range: ByteRange | None = None) -> bytes | memoryview:
         return await self._call("read", location, lambda: self.plugin.read(location, byte_range))
 

@@ -368,6 +368,42 @@ def test_fit_resumes_from_last_ckpt_exactly(flavour: str, async_save: bool, tmp_
     )
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_save_of_last_ckpt_that_fails_midway_leaves_the_previous_one_to_resume_from(
+    async_save: bool, tmp_path: Path
+) -> None:
+    """Saving onto last.ckpt replaces it atomically: a save whose data writes fail leaves the
+    previous last.ckpt untouched, and a fit resumed from it is exactly the uninterrupted run.
+    Before, the save deleted the previous last.ckpt first, and nothing was left to resume from."""
+    lightning = Flavour.load("lightning.pytorch")
+    counter = lightning.counter()
+    full, module = lightning.trainer(tmp_path / "full", 12, plugins=[], callbacks=[counter]), lightning.module()
+    full.fit(module, data())
+    expected = state_of(full, module, counter)
+
+    folder, io = tmp_path / "ckpt", SnapshotCheckpointIO(async_save=async_save)
+    first = lightning.trainer(
+        tmp_path / "a", 8, plugins=[io], callbacks=[lightning.counter(), _checkpointing(lightning, folder)]
+    )
+    first.fit(lightning.module(), data())
+    last = folder / "last.ckpt"
+    before = files_of(last)
+    # The same directory through a store whose data object writes fail (ENOSPC), as a full disk would.
+    failing = {"gate": str(tmp_path / "open-gate"), "fail": True}
+    if async_save:  # save_checkpoint returns once staged; the background failure comes from teardown
+        first.save_checkpoint(f"gated://{last}", storage_options=failing)
+    with pytest.raises(StorageError, match="No space left"):
+        io.teardown() if async_save else first.save_checkpoint(f"gated://{last}", storage_options=failing)
+    assert files_of(last) == before  # the previous checkpoint, whole; nothing of the failed save
+
+    counter, module = lightning.counter(), lightning.module(seed=7)
+    resumed = lightning.trainer(
+        tmp_path / "b", 12, plugins=[SnapshotCheckpointIO()], callbacks=[counter, _checkpointing(lightning, folder)]
+    )
+    resumed.fit(module, data(), ckpt_path=str(last))
+    assert_same_state(state_of(resumed, module, counter), expected)
+
+
 @pytest.mark.slow
 def test_fit_resumes_exactly_with_the_process_executor(tmp_path: Path) -> None:
     lightning = Flavour.load("lightning.pytorch")

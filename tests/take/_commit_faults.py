@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import errno
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -32,8 +33,10 @@ from snapshotkit.storage import FSStoragePlugin, StoragePlugin, register_storage
 from snapshotkit.verify import verify_snapshot
 
 SCHEME = "commitfaults"
-#: Storage points: data-object writes, the manifest write, its read-back, deleting a failed take.
-STORAGE_POINTS = ("write", "write_exclusive", "read", "discard")
+#: Storage points: data-object writes, the manifest write (``replace`` for a replacing take), its
+#: read-back (a read of the manifest once that write started: a replacing take also reads it
+#: before), deleting a failed take (or a replaced snapshot's data objects), listing.
+STORAGE_POINTS = ("write", "write_exclusive", "replace", "read", "discard", "list")
 RENDEZVOUS_POINTS = ("gather", "settle")
 KINDS = ("fail", "fail_after", "interrupt", "interrupt_after", "delay")
 
@@ -92,6 +95,10 @@ def _matching(faults: Sequence[Fault], rank: int, point: str) -> Fault | None:
     return next((f for f in faults if f.rank == rank and f.point == point), None)
 
 
+#: Set once this process's take started writing its manifest (cleared for every case).
+_COMMIT_STARTED = threading.Event()
+
+
 class FaultyStore(StoragePlugin):
     """The fs plugin with this rank's storage faults."""
 
@@ -118,10 +125,15 @@ class FaultyStore(StoragePlugin):
         await self._call(point, location, lambda: self.inner.write(location, data))
 
     async def write_exclusive(self, location: str, data: Any) -> None:
+        _COMMIT_STARTED.set()
         await self._call("write_exclusive", location, lambda: self.inner.write_exclusive(location, data))
 
+    async def replace(self, location: str, data: Any) -> None:
+        _COMMIT_STARTED.set()
+        await self._call("replace", location, lambda: self.inner.replace(location, data))
+
     async def read(self, location: str, byte_range: Any = None) -> bytes | memoryview:
-        point = "read" if location == METADATA_FILENAME else "other"
+        point = "read" if location == METADATA_FILENAME and _COMMIT_STARTED.is_set() else "other"
         result: bytes | memoryview = await self._call(point, location, lambda: self.inner.read(location, byte_range))
         return result
 
@@ -132,7 +144,8 @@ class FaultyStore(StoragePlugin):
         return await self.inner.exists(location)
 
     async def list(self, prefix: str = "") -> list[str]:
-        return await self.inner.list(prefix)
+        found: list[str] = await self._call("list", prefix, lambda: self.inner.list(prefix))
+        return found
 
     async def delete(self, location: str) -> None:
         await self._call("discard", location, lambda: self.inner.delete(location))
@@ -187,6 +200,7 @@ class installed_faults:
     delay_s: float
 
     def __enter__(self) -> None:
+        _COMMIT_STARTED.clear()
         register_storage_plugin(SCHEME, FaultyStoreFactory(self.faults, self.rank, self.delay_s))
         for (cls, name), original in _ORIGINALS.items():
             setattr(cls, name, _wrap(original, name, self.faults, self.rank, self.delay_s))
