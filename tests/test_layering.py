@@ -21,6 +21,9 @@ TENSOR_TYPE_MODULES = ("torch.distributed.tensor", "torch.distributed._shard")
 # torch.distributed.checkpoint is a file format to snapshotkit.convert, which reads and writes it in
 # one process (no_dist=True), never talking to other ranks.
 CHECKPOINT_FORMAT_MODULE = "torch.distributed.checkpoint"
+# DCP's stager builds its CPU copy of a state dict with these helpers (local copies, no collectives);
+# snapshotkit/dcp.py's stager does the same.
+STAGING_HELPERS_MODULE = "torch.distributed._state_dict_utils"
 
 
 def test_import_linter_contracts_are_kept() -> None:
@@ -87,7 +90,7 @@ def _distributed_imports(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module]
         for name in names:
-            if _uses_checkpoint_format(path) and name.startswith(CHECKPOINT_FORMAT_MODULE):
+            if _uses_checkpoint_format(path) and name.startswith((CHECKPOINT_FORMAT_MODULE, STAGING_HELPERS_MODULE)):
                 continue
             if name.startswith("torch.distributed") and not name.startswith(TENSOR_TYPE_MODULES):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
