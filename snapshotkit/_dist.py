@@ -221,10 +221,13 @@ class Group:
         """Whether ``flag`` is true on any rank, agreed through the store rather than a collective.
 
         Every rank must call it with the same ``key`` (unique to the round: it must never be
-        reused). Each rank adds its flag to ``<key>/flags``, then counts itself in
-        ``<key>/arrived``; the last to arrive publishes the total as ``<key>/total``, which every
-        rank waits for (at most ``timeout_seconds``). The last rank done deletes the round's keys.
-        A constant number of store operations per rank, whatever the world size.
+        reused). Each rank adds ``1 + (world_size + 1) * flag`` to ``<key>/count`` in one
+        operation, so the count says both how many ranks arrived (modulo ``world_size + 1``) and
+        how many of them had the flag set (the quotient); the rank that completes the arrivals
+        publishes the answer as ``<key>/any``, which every rank waits for (at most
+        ``timeout_seconds``). The last rank done deletes the round's keys. Four store operations
+        per rank (two more for the last to arrive, three deletions for the last done), whatever
+        the world size.
 
         Raises:
             CollectiveTimeoutError: the other ranks did not arrive in time (``what`` names the step).
@@ -236,13 +239,13 @@ class Group:
         self.store_rounds += 1
         timeout = datetime.timedelta(seconds=self.timeout_seconds)
         try:
-            store.add(f"{key}/flags", int(bool(flag)))  # IMPORTANT: before this rank counts as arrived
-            if store.add(f"{key}/arrived", 1) == self.world_size:
-                store.set(f"{key}/total", str(store.add(f"{key}/flags", 0)))
-            store.wait([f"{key}/total"], timeout)
-            total = int(store.get(f"{key}/total"))
-            if store.add(f"{key}/done", 1) == self.world_size:  # every rank has read the total
-                for name in ("flags", "arrived", "total", "done"):
+            count = store.add(f"{key}/count", 1 + (self.world_size + 1) * int(bool(flag)))
+            if count % (self.world_size + 1) == self.world_size:  # this rank completed the arrivals
+                store.set(f"{key}/any", b"1" if count // (self.world_size + 1) else b"0")
+            store.wait([f"{key}/any"], timeout)
+            answer = bool(store.get(f"{key}/any") == b"1")
+            if store.add(f"{key}/done", 1) == self.world_size:  # every rank has read the answer
+                for name in ("count", "any", "done"):
                     store.delete_key(f"{key}/{name}")
         except RuntimeError as exc:
             if "timeout" in str(exc).lower() or "timed out" in str(exc).lower():
@@ -257,7 +260,7 @@ class Group:
                 f"{what}: rank {self.rank} of {self.world_size} lost the process group's store ({first_line}); "
                 "the rank serving it (global rank 0) has most likely exited. Look for the first rank that failed"
             ) from exc
-        return total > 0
+        return answer
 
 
 def resolve_group(pg: Any | None, *, timeout_seconds: float = 1800.0) -> Group:
