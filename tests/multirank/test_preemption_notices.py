@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,37 +110,75 @@ def test_a_rank_that_stops_calling_is_a_timeout_naming_the_step_not_a_hang(tmp_p
     assert "SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS" in results[0]
 
 
-def _every_call_with_an_async_take(rank: int, world: int, root: str) -> dict[str, Any]:
+def _commit_waiting() -> bool:
+    """Whether a thread of this process is in the store wait of an ``async_take``'s commit."""
+    return any(
+        frame.f_code.co_name == "_wait" and frame.f_code.co_filename.endswith("rendezvous.py")
+        for frame in sys._current_frames().values()
+    )
+
+
+def _rounds_while_a_commit_waits(rank: int, world: int, root: str, gate_path: str) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
+    import _storage_doubles
+
+    _storage_doubles.register()
     keys_before = _store_keys()
-    state = {"s": StateDict(rank=rank, t=torch.full((1 << 20,), float(rank)))}  # 4 MiB a rank
-    mgr = SnapshotManager(root, preemption_signals=(), async_executor="thread", preemption_check_every=1)
+    state = {"s": StateDict(rank=rank, t=torch.full((1000,), float(rank)))}
+    # rank 1's data writes wait at a gate it holds closed: rank 0's background commit sits in a
+    # store wait for rank 1's result while both main threads run should_save rounds
+    gate = _storage_doubles.Gate(Path(gate_path)).__enter__() if rank == 1 else None
+    options = {"gate": gate_path if rank == 1 else None}
+    mgr = SnapshotManager(
+        f"gated://{root}",
+        preemption_signals=(),
+        async_executor="thread",
+        preemption_check_every=1,
+        storage_options=options,
+    )
+    pending = mgr.save(1, state, async_take=True)
+    if rank == 0:  # its commit sets its result, then waits on the store for rank 1's
+        deadline = time.monotonic() + 60
+        while not _commit_waiting():
+            assert time.monotonic() < deadline, "rank 0's commit never reached its store wait"
+            time.sleep(0.001)
     answers = {}
-    pending_during = 0
-    for step in range(1, 40):
-        if rank == 0 and step == 20:
+    for step in range(2, 8):
+        if rank == 0 and step == 5:
             mgr.request_preemption()
         answers[step] = mgr.should_save(step)
-        if mgr._pending is not None and not mgr._pending.done():
-            pending_during += 1  # a round ran while the async take's commit was in flight
-        if step == 2 or answers[step]:
-            mgr.save(step, state, async_take=True)
-        if mgr.preemption_saved:
-            break
+    still_pending = not pending.done()  # the commit was in flight through every round
+    # ... and its wait was left alone: on the shared store connection, a round's operations would
+    # end it early (measured with torch 2.13) or queue behind it until it times out
+    undisturbed = _commit_waiting() if rank == 0 else True
+    if gate is not None:
+        gate.__exit__()
+    mgr.save(7, state)  # the notice's save: waits for the pending one first
     rounds = mgr._group.store_rounds
     mgr.close()
     return {
         "true_at": [s for s, v in answers.items() if v],
+        "still_pending": still_pending,
+        "undisturbed": undisturbed,
         "rounds": rounds,
-        "pending_during": pending_during,
         "keys": (keys_before, _store_keys()),
         "steps": SnapshotManager(root, preemption_signals=(), async_executor=None).steps(),
     }
 
 
-def test_every_call_agrees_while_an_async_take_commits_through_the_store(tmp_path: Path) -> None:
-    results = run_ranks(2, _every_call_with_an_async_take, str(tmp_path / "run"), timeout=200)
+def test_rounds_run_while_an_async_take_commit_waits_on_the_store(tmp_path: Path) -> None:
+    results = run_ranks(
+        2,
+        _rounds_while_a_commit_waits,
+        str(tmp_path / "run"),
+        str(tmp_path / "gate"),
+        timeout=200,
+        env={"SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS": "10"},
+    )
     for result in results:
-        assert result["true_at"] == [20]  # preemption_check_every=1: the very call after the notice
-        assert result["rounds"] == 20
+        assert result["still_pending"] is True
+        assert result["undisturbed"] is True
+        assert result["true_at"] == [5, 6, 7]  # check_every=1: the very call after the notice, until saved
+        assert result["rounds"] == 4  # steps 2-5; agreed from then on, no more rounds
         assert result["keys"][0] == result["keys"][1]
-        assert result["steps"] == [2, 20]
+        assert result["steps"] == [1, 7]
