@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import datetime
 import gc
 from collections.abc import Callable
@@ -104,3 +105,27 @@ def test_rounds_every_check_every_calls_agree_at_the_same_call(
 
 def test_no_notice_means_one_round_every_check_every_calls() -> None:
     assert _agreements(2, 10, (-1, -1), 100) == [{"first": None, "rounds": 10}] * 2
+
+
+@dataclasses.dataclass
+class _GroupOn(Group):
+    """A group whose default store is ``shared`` (a process group's store without the process group)."""
+
+    shared: Any = None
+
+    def store(self) -> Any:
+        return self.shared
+
+
+class _Unclonable(dist.Store):
+    """A store written in Python that does not implement ``clone()``."""
+
+
+def test_rounds_get_a_connection_of_their_own_or_share_one_that_cannot_be_cloned() -> None:
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=5), wait_for_workers=False)
+    own = _GroupOn(0, 2, shared=server).store_connection()
+    assert own is not server
+    own.set("k", "v")  # the same store, through another connection
+    assert server.get("k") == b"v"
+    unclonable = _Unclonable()
+    assert _GroupOn(0, 2, shared=unclonable).store_connection() is unclonable
