@@ -208,8 +208,9 @@ class Group:
     store_rounds: int = dataclasses.field(default=0, compare=False, repr=False)
 
     def store_connection(self) -> Any:
-        """A connection of its own to the default store (``Store.clone()``), so that a caller's
-        waits never queue behind (or block) another thread's on the shared connection, such as an
+        """A connection of its own to the default store (``Store.clone()``), so that the caller's
+        operations never mix with another thread's on the shared connection (one TCPStore
+        connection is not safe for two threads at once), such as the store waits of an
         ``async_take``'s background commit; the shared one where the store cannot be cloned."""
         store = self.store()
         try:
