@@ -9,6 +9,8 @@ the caller's process group. What this module adds is what checkpointing needs on
   contributes its result *or its error*, and every rank gets every rank's, so one failing rank
   makes all of them raise at the same step instead of leaving the others waiting.
 
+* :meth:`Group.any_through_store` agrees on a flag through the process group's store instead
+  (no collective, no device sync: cheap enough to run between training steps);
 * :func:`rank_failed` is the error a rank raises for another rank's failure (the take's commit
   rendezvous, :mod:`snapshotkit._take.rendezvous`, uses it too).
 
@@ -76,6 +78,7 @@ class Group:
         return torch.device("cpu")
 
     def _wait(self, work: Any, what: str) -> None:
+        self.collectives += 1
         try:
             work.wait(timeout=datetime.timedelta(seconds=self.timeout_seconds))
         except RuntimeError as exc:
@@ -195,6 +198,70 @@ class Group:
         if error is not None:
             raise error
         raise rank_failed(what, failed, consequence)
+
+    # ------------------------------------------------------------------ agreeing through the store
+    # (SnapshotManager.should_save's preemption notices: no collective, no device sync)
+
+    #: Collectives this ``Group`` waited on (one per ``Work``), for tests and benchmarks.
+    collectives: int = dataclasses.field(default=0, compare=False, repr=False)
+    #: Rounds of :meth:`any_through_store` this ``Group`` took part in, for tests and benchmarks.
+    store_rounds: int = dataclasses.field(default=0, compare=False, repr=False)
+
+    def store_connection(self) -> Any:
+        """A connection of its own to the default store (``Store.clone()``), so that the caller's
+        operations never mix with another thread's on the shared connection (one TCPStore
+        connection is not safe for two threads at once), such as the store waits of an
+        ``async_take``'s background commit; the shared one where the store cannot be cloned."""
+        store = self.store()
+        try:
+            return store.clone()
+        except (AttributeError, NotImplementedError, RuntimeError):
+            return store
+
+    def any_through_store(self, flag: bool, key: str, what: str, store: Any | None = None) -> bool:
+        """Whether ``flag`` is true on any rank, agreed through the store rather than a collective.
+
+        Every rank must call it with the same ``key`` (unique to the round: it must never be
+        reused). Each rank adds ``1 + (world_size + 1) * flag`` to ``<key>/count`` in one
+        operation, so the count says both how many ranks arrived (modulo ``world_size + 1``) and
+        how many of them had the flag set (the quotient); the rank that completes the arrivals
+        publishes the answer as ``<key>/any``, which every rank waits for (at most
+        ``timeout_seconds``). The last rank done deletes the round's keys. Four store operations
+        per rank (two more for the last to arrive, three deletions for the last done), whatever
+        the world size.
+
+        Raises:
+            CollectiveTimeoutError: the other ranks did not arrive in time (``what`` names the step).
+            RankFailedError: the store could not be reached (the rank serving it may have exited).
+        """
+        if not self.distributed:
+            return flag
+        store = self.store() if store is None else store
+        self.store_rounds += 1
+        timeout = datetime.timedelta(seconds=self.timeout_seconds)
+        try:
+            count = store.add(f"{key}/count", 1 + (self.world_size + 1) * int(bool(flag)))
+            if count % (self.world_size + 1) == self.world_size:  # this rank completed the arrivals
+                store.set(f"{key}/any", b"1" if count // (self.world_size + 1) else b"0")
+            store.wait([f"{key}/any"], timeout)
+            answer = bool(store.get(f"{key}/any") == b"1")
+            if store.add(f"{key}/done", 1) == self.world_size:  # every rank has read the answer
+                for name in ("count", "any", "done"):
+                    store.delete_key(f"{key}/{name}")
+        except RuntimeError as exc:
+            if "timeout" in str(exc).lower() or "timed out" in str(exc).lower():
+                raise CollectiveTimeoutError(
+                    f"{what}: rank {self.rank} of {self.world_size} waited {self.timeout_seconds:g} s for the other "
+                    "ranks, which did not arrive. A rank crashed, hangs, or did not call the same snapshotkit "
+                    "operation; every rank must call it. Raise SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS if the ranks "
+                    "are just slow"
+                ) from exc
+            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise RankFailedError(
+                f"{what}: rank {self.rank} of {self.world_size} lost the process group's store ({first_line}); "
+                "the rank serving it (global rank 0) has most likely exited. Look for the first rank that failed"
+            ) from exc
+        return answer
 
 
 def resolve_group(pg: Any | None, *, timeout_seconds: float = 1800.0) -> Group:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import secrets
 import signal
 import weakref
 from collections.abc import Sequence
@@ -31,15 +32,17 @@ from snapshotkit._lifecycle import fallback
 from snapshotkit._lifecycle.catalog import MANAGER_KEY, manager_record
 from snapshotkit._lifecycle.chains import SavePlan, check_incremental, plan_save
 from snapshotkit._lifecycle.janitor import RootJanitor
-from snapshotkit._lifecycle.preemption import PreemptionWatcher
+from snapshotkit._lifecycle.preemption import NoticeAgreement, PreemptionWatcher
 from snapshotkit._lifecycle.retention import RetentionPolicy, StepRecord, best_steps
 from snapshotkit._lifecycle.values import (
+    check_check_every,
     check_interval,
     check_metadata,
     check_signals,
     check_step,
     check_take_keywords,
     clean_metrics,
+    on_interval,
 )
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._take.executors import EXECUTORS
@@ -79,8 +82,10 @@ class SnapshotManager:
         pg: the ``torch.distributed`` process group (see :class:`~snapshotkit.Snapshot`).
         storage_options: passed to the storage plugin.
         preemption_signals: signals that announce a preemption (default SIGTERM and SIGUSR1); a
-            previous Python handler is chained; ``()`` installs nothing (and, with many ranks,
-            skips the per-step agreement :meth:`should_save` otherwise makes).
+            previous Python handler is chained; ``()`` installs nothing (:meth:`request_preemption`
+            still records a notice).
+        preemption_check_every: with many ranks, :meth:`should_save` agrees on a notice every this many calls
+            (1: every call), so a notice is acted on at most this many calls after it arrived.
         cleanup_incomplete: remove incomplete snapshots when the manager opens the root.
         incremental: take each save against the newest committed snapshot under the root
             (``Snapshot.take(..., base=...)``: pieces whose bytes it already holds are referenced,
@@ -121,12 +126,13 @@ class SnapshotManager:
         incremental: bool = False,
         full_every: int = 10,
         async_executor: str | None = "thread",
+        preemption_check_every: int = 10,
     ) -> None:
         self.root = snapshot_path(root).rstrip("/")
         self.incremental, self.full_every = check_incremental(incremental, full_every)
         self.policy = RetentionPolicy(keep_last, keep_every, keep_best, best_metric, best_mode)  # type: ignore[arg-type]
         self.save_interval_steps = check_interval(save_interval_steps)
-        signals = check_signals(preemption_signals)
+        signals, check_every = check_signals(preemption_signals), check_check_every(preemption_check_every)
         if not isinstance(cleanup_incomplete, bool):
             raise InvalidArgumentError(f"cleanup_incomplete must be True or False, got {cleanup_incomplete!r}")
         if async_executor is not None and async_executor not in EXECUTORS:
@@ -144,7 +150,6 @@ class SnapshotManager:
         self.last_restore_report: RestoreReport | None = None
         self._retention: concurrent.futures.Future[None] | None = None
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
-        self._preemption_agreed = False
         self._preemption_saved = False
         self._closed = False
         error: BaseException | None = None
@@ -154,9 +159,10 @@ class SnapshotManager:
                 committed = (self._cleanup()[1] if cleanup_incomplete else self._janitor.listing()).committed
         except Exception as exc:
             error = exc
-        agreed = self._group.exchange(committed, error, "SnapshotManager: listing the root")
+        agreed = self._group.exchange((committed, secrets.token_hex(8)), error, "SnapshotManager: listing the root")[0]
         self._steps: set[int] = set(agreed[0])
         self._watcher = PreemptionWatcher(signals)
+        self._notices = NoticeAgreement(self._group, self._watcher, check_every, agreed[1])
         weakref.finalize(self, self._watcher.close)  # a manager never closed still gives the signals back
 
     def __repr__(self) -> str:
@@ -228,7 +234,7 @@ class SnapshotManager:
     def preemption_received(self) -> bool:
         """Whether a preemption notice arrived: with many ranks, on any rank as of the last
         :meth:`should_save` (so every rank answers alike); on one, as soon as it arrived."""
-        return self._preemption_agreed or (not self._group.distributed and self._watcher.received.is_set())
+        return self._notices.received
 
     @property
     def preemption_saved(self) -> bool:
@@ -244,20 +250,17 @@ class SnapshotManager:
         """Whether to save at ``step``: a multiple of ``save_interval_steps``, or a preemption notice
         arrived and was not saved for yet; never for a step that already has a snapshot.
 
-        With many ranks this is collective (one all-reduce of one integer, so that every rank
-        sees a notice any rank received, by signal or :meth:`request_preemption`); call it on
-        every rank at the same steps.
+        With many ranks, call it on every rank at every step: every ``preemption_check_every`` calls
+        the ranks agree, through the process group's store, whether any received a notice (by signal
+        or :meth:`request_preemption`); the calls between communicate nothing.
+
+        Raises:
+            CollectiveTimeoutError: at an agreement, another rank did not call it in time.
         """
-        step = check_step(step)
-        notice = self._group.any(
-            self._watcher.received.is_set(), "SnapshotManager.should_save: agreeing on a preemption notice"
-        )
-        self._preemption_agreed = self._preemption_agreed or notice
+        notice = self._notices.poll(step := check_step(step))
         if step in self._steps:
             return False
-        if self._preemption_agreed and not self._preemption_saved:
-            return True
-        return self.save_interval_steps is not None and step % self.save_interval_steps == 0
+        return (notice and not self._preemption_saved) or on_interval(step, self.save_interval_steps)
 
     def save(
         self,
@@ -314,8 +317,8 @@ class SnapshotManager:
                 f"step {step} already has a snapshot at {self.snapshot_path(step)!r}; snapshotkit never overwrites "
                 "one. Save a later step (should_save() is false for saved steps)"
             )
-        preemption = self._preemption_agreed and not self._preemption_saved
-        reason = "preemption" if preemption else "interval" if self._on_interval(step) else "manual"
+        preemption = self._notices.agreed and not self._preemption_saved
+        reason = "preemption" if preemption else "interval" if on_interval(step, self.save_interval_steps) else "manual"
         user_metadata[MANAGER_KEY] = {"step": step, "metrics": clean, "reason": reason}
         if self.incremental:
             plan = self._plan_save()
@@ -376,6 +379,7 @@ class SnapshotManager:
     def _shut_down(self, *, wait: bool = True) -> None:
         self._closed = True
         self._watcher.close()
+        self._notices.close()
         if self._worker is not None:
             self._worker.shutdown(wait=wait, cancel_futures=not wait)
 
@@ -495,9 +499,6 @@ class SnapshotManager:
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigError(f"the SnapshotManager of {self.root!r} is closed; create a new one to save again")
-
-    def _on_interval(self, step: int) -> bool:
-        return self.save_interval_steps is not None and step % self.save_interval_steps == 0
 
     def _settle_pending(self) -> None:
         pending, step = self._pending, self._pending_step

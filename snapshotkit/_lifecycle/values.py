@@ -104,6 +104,23 @@ def check_interval(save_interval_steps: object) -> int | None:
     return save_interval_steps
 
 
+def check_check_every(preemption_check_every: object) -> int:
+    """``preemption_check_every``: an int >= 1."""
+    if isinstance(preemption_check_every, bool) or not isinstance(preemption_check_every, int):
+        raise InvalidArgumentError(
+            f"preemption_check_every must be an int (calls of should_save between agreements), got "
+            f"{type(preemption_check_every).__name__} {preemption_check_every!r}"
+        )
+    if preemption_check_every < 1:
+        raise ConfigError(f"preemption_check_every must be at least 1, got {preemption_check_every}")
+    return preemption_check_every
+
+
+def on_interval(step: int, save_interval_steps: int | None) -> bool:
+    """Whether ``step`` is a multiple of ``save_interval_steps`` (never, without one)."""
+    return save_interval_steps is not None and step % save_interval_steps == 0
+
+
 def check_take_keywords(take_kwargs: Mapping[str, Any], *, incremental: bool = False) -> None:
     """Refuse ``save()`` keywords the manager sets itself (``base`` too when it is incremental)."""
     if incremental and "base" in take_kwargs:

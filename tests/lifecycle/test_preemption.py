@@ -19,6 +19,7 @@ import torch
 from lifecycle._runs import memory_root
 from snapshotkit import SnapshotManager, StateDict
 from snapshotkit._lifecycle.catalog import MANAGER_KEY
+from snapshotkit.errors import ConfigError, InvalidArgumentError
 
 
 def test_a_signal_makes_the_next_should_save_true_once() -> None:
@@ -74,6 +75,34 @@ def test_request_preemption_and_no_signals() -> None:
         assert not mgr.should_save(1)
         mgr.request_preemption()
         assert mgr.should_save(1)
+
+
+def test_one_rank_reads_the_notice_at_every_call_whatever_check_every() -> None:
+    with SnapshotManager(memory_root("every"), preemption_signals=(), preemption_check_every=50) as mgr:
+        assert not mgr.should_save(1)
+        mgr.request_preemption()
+        assert mgr.preemption_received
+        assert mgr.should_save(2)  # not 50 calls later: one rank needs no agreement
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (0, ConfigError, "preemption_check_every must be at least 1, got 0"),
+        (-3, ConfigError, "preemption_check_every must be at least 1, got -3"),
+        ("10", InvalidArgumentError, "preemption_check_every must be an int (calls of should_save between "),
+        (True, InvalidArgumentError, "preemption_check_every must be an int"),
+        (2.0, InvalidArgumentError, "preemption_check_every must be an int"),
+    ],
+)
+def test_preemption_check_every_is_checked_before_anything_happens(
+    value: object, error: type[Exception], message: str
+) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(error) as caught:
+        SnapshotManager(memory_root("check-every"), preemption_check_every=value)  # type: ignore[arg-type]
+    assert str(caught.value).startswith(message)
+    assert signal.getsignal(signal.SIGTERM) == before  # no handler was installed
 
 
 def test_created_off_the_main_thread_watches_nothing() -> None:
