@@ -13,8 +13,9 @@ drop it -- a cold one:
 * ``take_again``: a second take of the same state in the same process, after one untimed take
   (a repeated take: the plan of the first is reused where the checkout has a plan cache).
 
-Takes also record the CPU time of the process and of the calling thread, and the cyclic garbage
-collections (full ones apart) that ran while they were timed.
+Every operation also records the CPU time of the process and of the calling thread, and the
+cyclic garbage collections (full ones apart) that ran while it was timed (CPU time is steadier
+than wall time on a shared machine).
 
 ``--compare-with DIR`` runs every operation a second time with another snapshotkit checkout on
 ``PYTHONPATH`` (say, ``main`` before a change), interleaved, so before/after come from one run;
@@ -80,18 +81,17 @@ def child(op: str, work: Path, count: int, tensor_bytes: int) -> dict[str, Any]:
 
     snap, st_file = work / "snap", work / "state.safetensors"
     verify: dict[str, Any] | None = None
-    extra: dict[str, Any] = {}
+    collections: list[int] = []
+
+    def count_collections(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
     if op in (*TAKES, "torch_save"):
         state = make_state(count, tensor_bytes)
         target = work / f"{op}-out"
         if op == "take_again":
             snapshotkit.Snapshot.take(str(work / "take_again-first-out"), {"m": snapshotkit.StateDict(state)})
-        collections: list[int] = []
-
-        def count_collections(phase: str, info: dict[str, Any]) -> None:
-            if phase == "start":
-                collections.append(info["generation"])
-
         gc.callbacks.append(count_collections)
         cpu, main_cpu = time.process_time(), time.thread_time()
         started = time.perf_counter()
@@ -105,29 +105,33 @@ def child(op: str, work: Path, count: int, tensor_bytes: int) -> dict[str, Any]:
         seconds = time.perf_counter() - started
         cpu, main_cpu = time.process_time() - cpu, time.thread_time() - main_cpu
         gc.callbacks.remove(count_collections)
-        extra = {
-            "cpu_s": cpu,
-            "main_thread_cpu_s": main_cpu,
-            "gc_collections": len(collections),
-            "gc_full_collections": collections.count(2),
-        }
     elif op == "raw":
         files = data_files(snap)
         buffer = bytearray(sum(p.stat().st_size for p in files))
         view, offset = memoryview(buffer), 0
+        gc.callbacks.append(count_collections)
+        cpu, main_cpu = time.process_time(), time.thread_time()
         started = time.perf_counter()
         for path in files:
             with open(path, "rb", buffering=0) as f:
                 while (n := f.readinto(view[offset:])) > 0:
                     offset += n
         seconds = time.perf_counter() - started
+        cpu, main_cpu = time.process_time() - cpu, time.thread_time() - main_cpu
+        gc.callbacks.remove(count_collections)
     elif op == "read_object":
+        gc.callbacks.append(count_collections)
+        cpu, main_cpu = time.process_time(), time.thread_time()
         started = time.perf_counter()
         value = snapshotkit.Snapshot(str(snap)).read_object(f"m/p{count // 2:06d}")
         seconds = time.perf_counter() - started
+        cpu, main_cpu = time.process_time() - cpu, time.thread_time() - main_cpu
+        gc.callbacks.remove(count_collections)
         verify = {f"p{count // 2:06d}": value}
     else:
         destinations = empty_like(make_state(count, tensor_bytes))
+        gc.callbacks.append(count_collections)
+        cpu, main_cpu = time.process_time(), time.thread_time()
         started = time.perf_counter()
         if op == "restore":
             snapshotkit.Snapshot(str(snap)).restore({"m": snapshotkit.StateDict(destinations)})
@@ -135,7 +139,15 @@ def child(op: str, work: Path, count: int, tensor_bytes: int) -> dict[str, Any]:
             for key, value in safetensors.torch.load_file(str(st_file)).items():
                 destinations[key].copy_(value)
         seconds = time.perf_counter() - started
+        cpu, main_cpu = time.process_time() - cpu, time.thread_time() - main_cpu
+        gc.callbacks.remove(count_collections)
         verify = destinations
+    extra = {
+        "cpu_s": cpu,
+        "main_thread_cpu_s": main_cpu,
+        "gc_collections": len(collections),
+        "gc_full_collections": collections.count(2),
+    }
     ok = True
     if verify is not None:
         expected = make_state(count, tensor_bytes)

@@ -6,6 +6,7 @@ mutable module-level knob.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -58,6 +59,12 @@ def snapshot_path(path: object) -> str:
 
 def available_memory_bytes() -> int:
     """Bytes of RAM the kernel reports as available for new allocations."""
+    # Linux: the MemAvailable line psutil reports, without importing psutil (~25 ms, paid by the
+    # first restore of a process otherwise).
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo", "rb") as meminfo:
+        for line in meminfo:
+            if line.startswith(b"MemAvailable:"):
+                return int(line.split()[1]) * 1024
     try:
         import psutil
 

@@ -17,6 +17,7 @@ def test_bench_small_entries_smoke(tmp_path: Path) -> None:
     for key, record in report["results"].items():
         assert record["ok"], key
         assert record["median_s"] is not None and record["median_s"] >= 0, key
+        assert record["median_cpu_s"] >= 0 and record["median_main_thread_cpu_s"] >= 0, key  # every op, reads too
     assert set(report["ratios"]) >= {"this warm"}
 
 

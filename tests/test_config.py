@@ -10,7 +10,7 @@ import pytest
 from _snapshots import make_app_state, take_basic
 
 from snapshotkit import Snapshot, StateDict
-from snapshotkit._config import Config, default_memory_budget_bytes
+from snapshotkit._config import Config, available_memory_bytes, default_memory_budget_bytes
 from snapshotkit.errors import ConfigError
 
 
@@ -22,6 +22,13 @@ def test_argument_beats_environment_beats_default(monkeypatch: pytest.MonkeyPatc
     assert Config.resolve(memory_budget_bytes=5, environ=env).memory_budget_bytes == 5
     assert Config.resolve(environ=env).memory_budget_bytes == 1_000_000
     assert Config.resolve(environ={}).memory_budget_bytes == default_memory_budget_bytes()
+
+
+@pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="reads /proc/meminfo")
+def test_available_memory_is_what_psutil_reports_without_importing_it() -> None:
+    psutil = pytest.importorskip("psutil")
+    # Both follow what other processes allocate: equal up to what changes between two readings.
+    assert abs(available_memory_bytes() - psutil.virtual_memory().available) < 1 << 30
 
 
 def test_default_budget_is_bounded() -> None:

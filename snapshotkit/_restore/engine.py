@@ -105,6 +105,7 @@ async def _read_and_close(
         await plugin.close()
 
 
+@gc_paused()  # the whole restore, load_state_dict() calls included, as a take (_runtime.gc says why)
 def restore(
     load: Callable[[], SnapshotMetadata],
     app_state: object,

@@ -107,6 +107,9 @@ def compare(root: str, saved: Flattened, current: Flattened, *, module: bool) ->
             continue
         if not (saved_entry.keys and current_entry.keys):
             continue
+        if saved_entry.keys == current_entry.keys:  # the common case: only the containers below can differ
+            stack.extend(child for key in saved_entry.keys if (child := join_path(path, key)) in saved.containers)
+            continue
         saved_children = {join_path(path, key) for key in saved_entry.keys}
         current_children = {join_path(path, key): key for key in current_entry.keys}
         lacking: list[str | int] = []

@@ -82,10 +82,12 @@ class LeafLoader:
         # same bytes share their first piece and nothing else.
         self._fresh: dict[tuple[Any, ...], _Slot] = {}
         self._in_place: set[tuple[Any, ...]] = set()
-        #: (device, address) of each in-place destination -> the logical path read into it first.
-        #: A second stored tensor whose destination is the same memory (tied in the app state, two
-        #: tensors in the snapshot) is read aside and compared, never into the same bytes.
-        self._in_place_memory: dict[tuple[Any, ...], str] = {}
+        #: (device, address) of each in-place destination -> the logical path read into it first,
+        #: and, for a destination :meth:`add_in_place` planned, its piece and tensor (its key in
+        #: ``_in_place`` is built only if another entry meets the same memory). A second stored
+        #: tensor whose destination is the same memory (tied in the app state, two tensors in the
+        #: snapshot) is read aside and compared, never into the same bytes.
+        self._in_place_memory: dict[tuple[Any, ...], tuple[str, tuple[Piece, torch.Tensor] | None]] = {}
         #: The CUDA devices whose caller's stream :meth:`_after_queued_work` synchronized.
         self._synced_devices: set[int | None] = set()
         #: Whether some read lands in the caller's own memory (an in-place destination).
@@ -133,6 +135,43 @@ class LeafLoader:
         if isinstance(entry, ShardedTensorEntry):
             return self._add_sharded(logical_path, entry, destination)
         raise ManifestError(f"{logical_path!r} is a {entry.kind}, not a leaf")
+
+    def add_in_place(self, logical_path: str, entry: TensorEntry, destination: torch.Tensor) -> bool:
+        """Plan reading ``entry`` straight into ``destination``, if it is the common case, with
+        none of :meth:`add`'s per-entry objects: a restore of many small tensors calls this once
+        per tensor.
+
+        The common case: :func:`tensor_matches` holds, ``destination`` is a plain non-empty
+        contiguous CPU ``Tensor``/``Parameter`` without a lazy conj/neg bit, and ``entry`` is one
+        raw piece of exactly its bytes, into memory no other entry planned so far is read into.
+
+        Returns:
+            Whether it was planned (the value after the reads is ``destination``); if not,
+            nothing was, and :meth:`add` handles the entry.
+        """
+        pieces = entry.pieces
+        if (
+            (type(destination) is not torch.Tensor and type(destination) is not torch.nn.Parameter)
+            or len(pieces) != 1
+            or entry.serializer != RAW
+            or not destination.is_cpu
+            or not destination.is_contiguous()
+            or destination.is_conj()
+            or destination.is_neg()
+        ):
+            return False
+        piece = pieces[0]
+        nbytes = destination.nbytes
+        start, end = piece.byte_range
+        if not nbytes or end - start != nbytes:
+            return False
+        memory = (_CPU, destination.data_ptr())
+        known = self._in_place_memory.setdefault(memory, (logical_path, (piece, destination)))
+        if known[0] is not logical_path:  # tied to an entry planned earlier: add() compares or skips
+            return False
+        self.writes_in_place = True
+        self.reads.append(PieceRead(piece, logical_path, byte_view(destination)))
+        return True
 
     def add_stored_bytes(self, logical_path: str, piece: Piece) -> Callable[[], bytes]:
         """Plan reading the bytes of ``piece`` as stored (verified, not deserialized).
@@ -231,9 +270,12 @@ class LeafLoader:
         if in_place:
             target: torch.Tensor = destination.detach()
             key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
+            memory = (target.device, target.data_ptr())
+            earlier, fast = self._in_place_memory.setdefault(memory, (logical_path, None))
+            if fast is not None:  # planned by add_in_place: its key is needed now
+                self._in_place.add(_in_place_key(*fast))
+                self._in_place_memory[memory] = (earlier, None)
             if key not in self._in_place:
-                memory = (target.device, target.data_ptr())
-                earlier = self._in_place_memory.setdefault(memory, logical_path)
                 if earlier != logical_path and target.numel():
                     return self._add_compared(logical_path, entry, destination, earlier)
                 self._in_place.add(key)
@@ -392,6 +434,14 @@ class LeafLoader:
 
                 self.reads.append(PieceRead(piece, logical_path, consume=consume, splittable=True, itemsize=itemsize))
             offset += piece.nbytes
+
+
+_CPU = torch.device("cpu")
+
+
+def _in_place_key(piece: Piece, target: torch.Tensor) -> tuple[Any, ...]:
+    """The key :meth:`LeafLoader._add_tensor` gives a one-piece entry read into ``target``."""
+    return (((piece.address, piece.byte_range),), target.data_ptr(), target.shape, target.stride(), target.device)
 
 
 def _identity(value: Any) -> Any:

@@ -180,21 +180,9 @@ def plan_restore(
             missing.extend(difference.missing)
             unexpected.extend(difference.unexpected)
         destinations = current.leaves if current is not None else {}
-        thunks: dict[str, Callable[[], Any]] = {}
-        for path, entry in leaves.items():
-            destination = destinations.get(path)
-            matches: bool | None = None
-            if isinstance(destination, torch.Tensor):
-                check_destination(path, entry, destination, module=is_module)
-                if isinstance(entry, TensorEntry):
-                    matches = tensor_matches(entry, destination)
-                    if not matches:
-                        if strict and entry.serializer == "raw":
-                            raise describe_mismatch(path, entry, destination)
-                        destination = None
-            thunks[path] = loader.add(path, entry, destination, matches=matches)
+        known, thunks = _plan_leaves(leaves, destinations, loader, strict=strict, module=is_module)
         merge_with = current if difference.missing_keys and not is_module else None
-        step = _load_step(stateful, root, containers, thunks, strict, merge_with, difference)
+        step = _load_step(stateful, root, containers, known, thunks, strict, merge_with, difference)
         if optimizer is not None and skipped.params:
             step = functools.partial(keep_current_state, optimizer, skipped, step)
         steps.append((is_rng, step))
@@ -223,19 +211,59 @@ def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor
         )
 
 
+def _plan_leaves(
+    leaves: Mapping[str, Entry],
+    destinations: Mapping[str, Any],
+    loader: LeafLoader,
+    *,
+    strict: bool,
+    module: bool,
+) -> tuple[dict[str, Any], dict[str, Callable[[], Any]]]:
+    """Plan loading the saved leaves of one app_state key into their destinations.
+
+    Returns the values already known (destinations filled in place, :meth:`LeafLoader.add_in_place`)
+    and thunks that give the rest once the reads have run.
+    """
+    known: dict[str, Any] = {}
+    thunks: dict[str, Callable[[], Any]] = {}
+    add_in_place = loader.add_in_place
+    for path, entry in leaves.items():
+        destination = destinations.get(path)
+        matches: bool | None = None
+        if isinstance(destination, torch.Tensor):
+            if type(entry) is TensorEntry:
+                matches = tensor_matches(entry, destination)
+                if matches and add_in_place(path, entry, destination):  # the common case: no thunk
+                    known[path] = destination
+                    continue
+            check_destination(path, entry, destination, module=module)
+            if isinstance(entry, TensorEntry):
+                matches = tensor_matches(entry, destination) if matches is None else matches
+                if not matches:
+                    if strict and entry.serializer == "raw":
+                        raise describe_mismatch(path, entry, destination)
+                    destination = None
+        thunks[path] = loader.add(path, entry, destination, matches=matches)
+    return known, thunks
+
+
 def _load_step(
     stateful: Stateful,
     root: str,
     containers: ContainerMap,
+    known: Mapping[str, Any],
     thunks: Mapping[str, Callable[[], Any]],
     strict: bool,
     merge_with: Flattened | None,
     difference: KeyDifference,
 ) -> Callable[[], None]:
-    """Load the saved state; with ``merge_with`` (the current state), merged over it."""
+    """Load the saved state (``known`` values and what the ``thunks`` give); with ``merge_with``
+    (the current state), merged over it."""
 
     def step() -> None:
-        saved = Flattened(dict(containers), {path: thunk() for path, thunk in thunks.items()})
+        values = dict(known)
+        values.update((path, thunk()) for path, thunk in thunks.items())
+        saved = Flattened(dict(containers), values)
         if merge_with is not None:
             state = merged_state(root, saved, merge_with, difference)
         else:

@@ -94,7 +94,7 @@ def describe_state(
     containers: dict[str, ContainerEntry] = {}
     leaves: dict[str, Leaf] = {}
     payloads: list[Payload] = []
-    by_identity: dict[tuple[Any, ...], tuple[int, str]] = {}
+    tied = _TiedTensors()
     examples: list[str] = []  # leaf paths for the error when nothing is selected
     for key in sorted(states):
         root = escape_key(key)
@@ -107,12 +107,15 @@ def describe_state(
             flat = selected
         containers.update(flat.containers)
         for path, leaf in flat.leaves.items():
-            if is_sharded(leaf):
+            kind = type(leaf)
+            if (kind is torch.Tensor or kind is torch.nn.Parameter) and prepare is None:  # the common case first
+                leaves[path] = _describe_tensor(path, leaf, payloads, tied)
+            elif is_sharded(leaf):
                 leaves[path] = _describe_sharded(path, leaf, payloads, prepare)
             elif isinstance(leaf, torch.Tensor):
                 if prepare is not None:
                     leaf = _prepared(prepare, path, leaf)
-                leaves[path] = _describe_tensor(path, leaf, payloads, by_identity)
+                leaves[path] = _describe_tensor(path, leaf, payloads, tied)
             elif type(leaf) is Serialized:  # already torch.save bytes: stored verbatim
                 payloads.append(Payload.of_bytes(leaf.data))
                 leaves[path] = ObjectLeaf(len(payloads) - 1, leaf.type_name)
@@ -133,10 +136,8 @@ def describe_state(
     return LocalState(containers, leaves, payloads)
 
 
-def _tensor_identity(tensor: torch.Tensor) -> tuple[Any, ...] | None:
+def _tensor_identity(tensor: torch.Tensor) -> tuple[Any, ...]:
     """A key equal for two tensors exactly when they view the same elements (tied weights)."""
-    if tensor.numel() == 0:
-        return None
     return (
         tensor.untyped_storage().data_ptr(),
         tensor.storage_offset(),
@@ -145,6 +146,40 @@ def _tensor_identity(tensor: torch.Tensor) -> tuple[Any, ...] | None:
         tensor.dtype,
         tensor.device,
     )
+
+
+class _TiedTensors:
+    """Finds the tensors that view the same elements as one described earlier (tied weights).
+
+    Keyed by the address of the first element: the full :func:`_tensor_identity` (storage,
+    offset, shape, strides, dtype, device) is built only for tensors whose first element another
+    tensor's also is, not once per tensor of a state of thousands.
+    """
+
+    __slots__ = ("_by_identity", "_first")
+
+    def __init__(self) -> None:
+        #: first element's address -> the first tensor seen there, its payload and path (the
+        #: tensor None once its identity is in ``_by_identity``).
+        self._first: dict[int, tuple[torch.Tensor | None, int, str]] = {}
+        self._by_identity: dict[tuple[Any, ...], tuple[int, str]] = {}
+
+    def earlier(self, tensor: torch.Tensor, payload: int, path: str) -> tuple[int, str] | None:
+        """The payload and path of an earlier tensor with the same elements as ``tensor``; if
+        there is none, ``tensor`` is remembered as ``payload`` at ``path`` and None returned.
+        An empty tensor is tied to nothing."""
+        if not tensor.numel():
+            return None
+        mine = (tensor, payload, path)
+        first = self._first.setdefault(tensor.data_ptr(), mine)
+        if first is mine:
+            return None
+        if first[0] is not None:  # the first collision at this address: key the first tensor fully
+            self._by_identity.setdefault(_tensor_identity(first[0]), (first[1], first[2]))
+            self._first[tensor.data_ptr()] = (None, first[1], first[2])
+        remembered = (payload, path)
+        known = self._by_identity.setdefault(_tensor_identity(tensor), remembered)
+        return None if known is remembered else known
 
 
 def _prepared(prepare: TensorPrepareFunc, path: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -215,26 +250,39 @@ def _describe_sharded(
     return ShardedLeaf(dtype_name(dtype), shards.shape, shards.layout, tuple(boxes))
 
 
-def _describe_tensor(
-    path: str, tensor: torch.Tensor, payloads: list[Payload], by_identity: dict[tuple[Any, ...], tuple[int, str]]
-) -> TensorLeaf:
+def _describe_tensor(path: str, tensor: torch.Tensor, payloads: list[Payload], tied: _TiedTensors) -> TensorLeaf:
     if tensor.is_meta:
         raise UnsupportedValueError(
             f"the tensor at logical path {path!r} is on the meta device and has no data; materialize it first"
         )
-    serializer = tensor_serializer(tensor)
-    dtype, shape = dtype_name(tensor.dtype), tuple(tensor.shape)
+    dtype = _RAW_DTYPE_NAMES.get(tensor.dtype)
+    kind = type(tensor)
+    if (
+        dtype is not None
+        and (kind is torch.Tensor or kind is torch.nn.Parameter)
+        and tensor.layout == torch.strided
+        and not tensor.is_quantized
+    ):
+        serializer = RAW  # what tensor_serializer() says, without its calls: this runs once per tensor
+    else:
+        serializer, dtype = tensor_serializer(tensor), dtype_name(tensor.dtype)
+    shape = tuple(tensor.shape)
     if serializer != RAW:
         payloads.append(Payload.of_bytes(_serialize(path, tensor)))
         return TensorLeaf(len(payloads) - 1, dtype, shape, serializer)
-    identity = _tensor_identity(tensor)
-    known = by_identity.get(identity) if identity is not None else None
+    known = tied.earlier(tensor, len(payloads), path)
     if known is not None:
         return TensorLeaf(known[0], dtype, shape, serializer, alias_of=known[1])
     payloads.append(Payload.of_tensor(tensor))
-    if identity is not None:
-        by_identity[identity] = (len(payloads) - 1, path)
     return TensorLeaf(len(payloads) - 1, dtype, shape, serializer)
+
+
+#: Raw dtypes (stored as their bytes) -> manifest name.
+_RAW_DTYPE_NAMES: dict[torch.dtype, str] = {
+    value: dtype_name(value)
+    for value in vars(torch).values()
+    if isinstance(value, torch.dtype) and dtype_name(value) in RAW_ITEMSIZE
+}
 
 
 def _serialize(path: str, value: Any) -> bytes:

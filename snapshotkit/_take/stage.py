@@ -26,6 +26,7 @@ from snapshotkit._format.serialization import (
     contiguous_cpu_copy,
     copy_flat_range_out,
     flat_range_views,
+    is_zero_copy_source,
     tensor_from_bytes,
 )
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
@@ -79,16 +80,10 @@ class ViewStager:
             self._resolved[index] = source
         return source
 
-    def _view(self, slot: PieceSlot, keepalive: list[Any]) -> memoryview:
-        payload = self._payloads[slot.payload]
-        if payload.data is not None:
-            return memoryview(payload.data)[slot.start : slot.end]
-        assert payload.tensor is not None
-        if payload.zero_copy:
-            return byte_view(payload.tensor)[slot.start : slot.end]
-        first, last = slot.start // payload.itemsize, slot.end // payload.itemsize
-        staged = torch.empty(last - first, dtype=payload.tensor.dtype, device="cpu")
-        copy_flat_range_out(self._source(slot.payload, payload.tensor), first, last, staged)
+    def _copied(self, slot: PieceSlot, tensor: torch.Tensor, itemsize: int, keepalive: list[Any]) -> memoryview:
+        first, last = slot.start // itemsize, slot.end // itemsize
+        staged = torch.empty(last - first, dtype=tensor.dtype, device="cpu")
+        copy_flat_range_out(self._source(slot.payload, tensor), first, last, staged)
         keepalive.append(staged)
         return byte_view(staged)
 
@@ -97,14 +92,27 @@ class ViewStager:
         buffers: list[memoryview] = []
         pieces: list[memoryview] = []
         keepalive: list[Any] = []
+        payloads = self._payloads
         offset = 0
+        # One pass with no per-slot method calls: a take of many small tensors has a slot per tensor.
         for slot in plan.slots:
-            if slot.offset > offset:
-                buffers.append(memoryview(_PADDING)[: slot.offset - offset])
-            view = self._view(slot, keepalive)
+            start, end, at = slot.start, slot.end, slot.offset
+            if at > offset:
+                buffers.append(memoryview(_PADDING)[: at - offset])
+            payload = payloads[slot.payload]
+            tensor = payload.tensor
+            if payload.data is not None:
+                view = memoryview(payload.data)[start:end]
+            elif tensor is not None and is_zero_copy_source(tensor):  # Payload.zero_copy
+                view = byte_view(tensor)
+                if start or end != view.nbytes:
+                    view = view[start:end]
+            else:
+                assert tensor is not None
+                view = self._copied(slot, tensor, payload.itemsize, keepalive)
             buffers.append(view)
             pieces.append(view)
-            offset = slot.offset + slot.nbytes
+            offset = at + end - start
         return StagedObject(plan, tuple(buffers), tuple(pieces), None, tuple(keepalive))
 
 
