@@ -283,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
                     "read_object_speedup_over_safetensors_one": M.ratio(s("safetensors_one"), s("read_object")),
                 }
         config = {**vars(args), "checkouts": checkouts, "commits": {n: _commit(p) for n, p in checkouts.items()}}
-        config["manifest_bytes"] = {n: (scratch / snapshots[n] / ".snapshot_metadata").stat().st_size for n in checkouts}
+        config["manifest_bytes"] = {
+            n: (scratch / snapshots[n] / ".snapshot_metadata").stat().st_size for n in checkouts
+        }
         config["format_version"] = {
             n: json.loads((scratch / snapshots[n] / ".snapshot_metadata").read_bytes())["format_version"]
             for n in checkouts

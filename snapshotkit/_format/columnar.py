@@ -79,8 +79,8 @@ def encode_entries(manifest: Mapping[str, Entry]) -> dict[str, Any]:
     dims: list[int] = []
     hashes: list[bytes] = []
     rows: list[dict[str, Any]] = []
-    for rank, _, entry in order:
-        entry_cols["rank"].append(rank)
+    for rank_index, _, entry in order:
+        entry_cols["rank"].append(rank_index)
         if not isinstance(entry, TensorEntry) or any(piece.hash is None for piece in entry.pieces):
             rows.append(entry.to_json())
             for name in ("kind", "replicated", "dtype", "ndim", "piece_count"):
@@ -177,13 +177,15 @@ def decode_entries(
     # keys: ranks in range and sorted, paths strictly increasing within a rank (so unique)
     if count and int(rank.max()) >= world_size:
         i = int(np.argmax(rank))
-        raise ManifestError(f"manifest entry of rank {int(rank[i])} (path {paths[i]!r}) is not < world_size {world_size}")
+        raise ManifestError(
+            f"manifest entry of rank {int(rank[i])} (path {paths[i]!r}) is not < world_size {world_size}"
+        )
     bad = _first(rank[1:] < rank[:-1])
     if bad is not None:
         raise ManifestError(f"{_where('rank')} is not sorted at entry {bad + 1}; the manifest is corrupt or crafted")
     same = (rank[1:] == rank[:-1]).tolist()
-    for i, (a, b, s) in enumerate(zip(paths, paths[1:], same, strict=False)):
-        if s and not a < b:
+    for i, (a, b, same_rank) in enumerate(zip(paths, paths[1:], same, strict=False)):
+        if same_rank and not a < b:
             raise _fail(key_of(i + 1), "the paths are not sorted and unique within a rank; the manifest is corrupt")
 
     # per-entry columns
@@ -235,7 +237,9 @@ def decode_entries(
         if bad is not None:
             raise _fail(key_of(int(owner[bad])), message)
     if float(length.sum(dtype=np.float64)) >= MAX_PIECE_BYTES:
-        raise ManifestError(f"the pieces of the manifest hold {MAX_PIECE_BYTES} bytes or more; it is corrupt or crafted")
+        raise ManifestError(
+            f"the pieces of the manifest hold {MAX_PIECE_BYTES} bytes or more; it is corrupt or crafted"
+        )
     ends = np.zeros(piece_total + 1, np.int64)
     np.cumsum(length, out=ends[1:])
     held = ends[piece_offsets[1:]] - ends[piece_offsets[:-1]]
@@ -367,7 +371,9 @@ class _Columns:
             if kind == KIND_ROW:
                 continue
             pieces = tuple(
-                _piece(locations[j], starts[j], lengths[j], checksums[j], hexes[32 * j : 32 * j + 32], self.bases[bases[j]])
+                _piece(
+                    locations[j], starts[j], lengths[j], checksums[j], hexes[32 * j : 32 * j + 32], self.bases[bases[j]]
+                )
                 for j in range(piece_offsets[i], piece_offsets[i + 1])
             )
             serializer = "raw" if kind == KIND_RAW else "torch_save"
@@ -444,7 +450,10 @@ class ColumnarManifest(Mapping[str, Entry]):
             for i, entry in c.all_tensors():
                 slots[i] = entry
             rows = iter(self._rows)
-            built = {f"{rank}/{path}": slot if slot is not None else next(rows) for rank, path, slot in zip(ranks, c.paths, slots, strict=True)}
+            built = {
+                f"{rank}/{path}": slot if slot is not None else next(rows)
+                for rank, path, slot in zip(ranks, c.paths, slots, strict=True)
+            }
             check_containers(built)
             self._built = built
         return self._built

@@ -35,8 +35,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for _snapshots
 
 import hypothesis
-import torch
 import numpy as np
+import torch
 from _columns import as_json_entries, read_columns, write_columns
 from _snapshots import MANIFEST, Net, make_app_state, rewrite_as_v4
 from hypothesis import HealthCheck, given, settings

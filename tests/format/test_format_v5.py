@@ -97,7 +97,15 @@ def test_a_take_writes_version_5_and_a_version_4_rewrite_reads_the_same(rich: Pa
     assert v4.format_version == 4 and type(v4.manifest) is dict
     assert dict(metadata.manifest) == v4.manifest
     kinds = {type(entry).__name__ for entry in v4.manifest.values()}
-    assert kinds == {"TensorEntry", "ShardedTensorEntry", "ObjectEntry", "PrimitiveEntry", "DictEntry", "ListEntry", "TupleEntry"}
+    assert kinds == {
+        "TensorEntry",
+        "ShardedTensorEntry",
+        "ObjectEntry",
+        "PrimitiveEntry",
+        "DictEntry",
+        "ListEntry",
+        "TupleEntry",
+    }
     assert {e.serializer for e in v4.manifest.values() if isinstance(e, TensorEntry)} == {"raw", "torch_save"}
     assert len(v4.manifest["0/extras/big"].pieces) == 5  # type: ignore[union-attr]
     for key in v4.manifest:
@@ -190,7 +198,7 @@ def test_containers_are_checked_on_first_iteration_not_on_a_lookup(tmp_path: Pat
     extras["keys"].remove("w")
     (path / MANIFEST).write_bytes(encode_document(document))
     assert torch.equal(Snapshot(str(path)).read_object("extras/w"), torch.arange(8.0))
-    with pytest.raises(ManifestError, match="'0/extras/w'.*no container names this entry"):
+    with pytest.raises(ManifestError, match=r"'0/extras/w'.*no container names this entry"):
         Snapshot(str(path)).restore(make_app_state())
 
 

@@ -68,7 +68,9 @@ def test_the_golden_is_version_5_with_columns(golden: Path) -> None:
     assert "entries" in document and "manifest" not in document
     assert any(isinstance(e, TensorEntry) for e in metadata.manifest.values())
     if golden == INCREMENTAL:
-        assert document["entries"]["bases"] == ["../base"] and metadata.bases == {"../base": document["bases"]["../base"]}
+        assert document["entries"]["bases"] == ["../base"] and metadata.bases == {
+            "../base": document["bases"]["../base"]
+        }
 
 
 @pytest.mark.parametrize("golden", [BASE, INCREMENTAL], ids=["base", "incremental"])
