@@ -429,6 +429,9 @@ class ColumnarManifest(Mapping[str, Entry]):
     def __len__(self) -> int:
         return len(self._columns.paths)
 
+    def __repr__(self) -> str:
+        return f"ColumnarManifest(<{len(self)} entries>)"
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries())
 
