@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 #: docs/format.md 11.2 and 11.3: each column's little-endian type, and what it is counted by.
-ENTRY_COLUMNS = {"rank": "<u4", "kind": "u1", "replicated": "u1", "dtype": "<u2", "ndim": "<u4", "piece_count": "<u4"}
+ENTRY_COLUMNS = {"order": "<u4", "rank": "<u4", "kind": "u1", "replicated": "u1", "dtype": "<u2", "ndim": "<u4", "piece_count": "<u4"}
 PIECE_COLUMNS = {"location": "<u4", "start": "<i8", "length": "<i8", "checksum": "<u4", "base": "<u4"}
 
 
@@ -32,7 +32,8 @@ def write_columns(entries: dict[str, Any], **columns: Any) -> dict[str, Any]:
 
 
 def as_json_entries(entries: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The version-4 JSON form (``"<rank>/<path>"`` -> entry) of every entry, by the format text."""
+    """The version-4 JSON form (``"<rank>/<path>"`` -> entry) of every entry, by the format text, in
+    the writer's order (the ``order`` column)."""
     c = read_columns(entries)
     dim_at = [0, *np.cumsum(c["ndim"], dtype=np.int64).tolist()]
     piece_at = [0, *np.cumsum(c["piece_count"], dtype=np.int64).tolist()]
@@ -64,4 +65,5 @@ def as_json_entries(entries: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "replicated": bool(c["replicated"][i]),
             "pieces": pieces,
         }
-    return out
+    keys = list(out)
+    return {keys[i]: out[keys[i]] for i in np.argsort(c["order"]).tolist()}

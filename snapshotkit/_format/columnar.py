@@ -40,6 +40,7 @@ KIND_ROW, KIND_RAW, KIND_TORCH_SAVE = 0, 1, 2
 MAX_PIECE_BYTES = 2**62
 #: Per-entry columns: name -> little-endian numpy dtype.
 ENTRY_COLUMNS = {
+    "order": "<u4",
     "rank": "<u4",
     "kind": "u1",
     "replicated": "u1",
@@ -64,12 +65,12 @@ def encode_entries(manifest: Mapping[str, Entry]) -> dict[str, Any]:
     Raises:
         ValueError: a key is not ``"<rank>/<logical path>"``.
     """
-    order: list[tuple[int, str, Entry]] = []
-    for key, entry in manifest.items():
+    order: list[tuple[int, str, int, Entry]] = []
+    for position, (key, entry) in enumerate(manifest.items()):
         rank, slash, path = key.partition("/")
         if not slash or _RANK_TEXT.fullmatch(rank) is None:
             raise ValueError(f"manifest key {key!r} is not '<rank>/<logical path>'")
-        order.append((int(rank), path, entry))
+        order.append((int(rank), path, position, entry))
     order.sort(key=lambda item: (item[0], item[1]))
     dtypes: dict[str, int] = {}
     locations: dict[str, int] = {}
@@ -79,7 +80,8 @@ def encode_entries(manifest: Mapping[str, Entry]) -> dict[str, Any]:
     dims: list[int] = []
     hashes: list[bytes] = []
     rows: list[dict[str, Any]] = []
-    for rank_index, _, entry in order:
+    for rank_index, _, position, entry in order:
+        entry_cols["order"].append(position)
         entry_cols["rank"].append(rank_index)
         if not isinstance(entry, TensorEntry) or any(piece.hash is None for piece in entry.pieces):
             rows.append(entry.to_json())
@@ -100,7 +102,7 @@ def encode_entries(manifest: Mapping[str, Entry]) -> dict[str, Any]:
             piece_cols["checksum"].append(int(piece.checksum.removeprefix(_CHECKSUM_PREFIX), 16))
             piece_cols["base"].append(0 if piece.base is None else bases.setdefault(piece.base, len(bases)) + 1)
             hashes.append(bytes.fromhex(str(piece.hash).removeprefix(_HASH_PREFIX)))
-    out: dict[str, Any] = {"paths": [path for _, path, _ in order]}
+    out: dict[str, Any] = {"paths": [path for _, path, _, _ in order]}
     out.update({name: _b64(entry_cols[name], dtype) for name, dtype in ENTRY_COLUMNS.items()})
     out["dims"] = _b64(dims, "<i8")
     out["dtypes"] = list(dtypes)
@@ -187,6 +189,14 @@ def decode_entries(
     for i, (a, b, same_rank) in enumerate(zip(paths, paths[1:], same, strict=False)):
         if same_rank and not a < b:
             raise _fail(key_of(i + 1), "the paths are not sorted and unique within a rank; the manifest is corrupt")
+
+    # the writer's order: a permutation of the entries
+    seen = np.zeros(count, dtype=bool)
+    if count and int(col["order"].max()) >= count:
+        raise ManifestError(f"{_where('order')} holds {int(col['order'].max())}, not below the {count} entries")
+    seen[col["order"]] = True
+    if not seen.all():
+        raise ManifestError(f"{_where('order')} is not a permutation of the entries; the manifest is corrupt or crafted")
 
     # per-entry columns
     is_row = kind == KIND_ROW
@@ -389,7 +399,7 @@ class ColumnarManifest(Mapping[str, Entry]):
     """A version-5 manifest as a read-only mapping ``"<rank>/<logical path>"`` -> entry.
 
     Looking up a key bisects the sorted paths of its rank and builds that one entry. Iterating
-    builds every entry once (in key order: by rank, then logical path) and checks the containers
+    builds every entry once (in the writer's order, the ``order`` column) and checks the containers
     (every child they name has an entry, every entry is reached), as decoding does for versions
     1 to 4; the check runs on the first iteration, not on opening the snapshot, so reading one
     logical path does not pay for it.
@@ -453,10 +463,9 @@ class ColumnarManifest(Mapping[str, Entry]):
             for i, entry in c.all_tensors():
                 slots[i] = entry
             rows = iter(self._rows)
-            built = {
-                f"{rank}/{path}": slot if slot is not None else next(rows)
-                for rank, path, slot in zip(ranks, c.paths, slots, strict=True)
-            }
+            entries = [slot if slot is not None else next(rows) for slot in slots]
+            paths = c.paths
+            built = {f"{ranks[i]}/{paths[i]}": entries[i] for i in np.argsort(c.entry["order"]).tolist()}
             check_containers(built)
             self._built = built
         return self._built

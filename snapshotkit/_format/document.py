@@ -45,9 +45,9 @@ class SnapshotMetadata:
         torch_version: ``torch.__version__`` of the writer.
         created_at: UTC time the take committed, ISO 8601.
         world_size: number of ranks that took the snapshot.
-        manifest: ``"<rank>/<logical path>"`` -> entry: in flatten order up to format version 4; from
-            version 5 a read-only mapping in key order (by rank, then logical path) that builds an
-            entry when it is looked up (:class:`~snapshotkit._format.columnar.ColumnarManifest`).
+        manifest: ``"<rank>/<logical path>"`` -> entry, in flatten order; from format version 5 a
+            read-only mapping that builds an entry when it is looked up
+            (:class:`~snapshotkit._format.columnar.ColumnarManifest`).
         user_metadata: the ``metadata=`` rank 0 passed to the take, as stored (a JSON object);
             ``{}`` when none was given and for snapshots older than format version 3.
         snapshot_id: this snapshot's unique id (32 hex digits; format version 4, else None).

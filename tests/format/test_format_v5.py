@@ -96,6 +96,7 @@ def test_a_take_writes_version_5_and_a_version_4_rewrite_reads_the_same(rich: Pa
     v4 = Snapshot(str(old)).metadata
     assert v4.format_version == 4 and type(v4.manifest) is dict
     assert dict(metadata.manifest) == v4.manifest
+    assert list(metadata.manifest) == list(v4.manifest)  # the writer's (flatten) order
     kinds = {type(entry).__name__ for entry in v4.manifest.values()}
     assert kinds == {
         "TensorEntry",
@@ -120,7 +121,9 @@ def test_the_columns_say_what_the_format_text_says(rich: Path) -> None:
     expected = {key: decode_entry(key, raw) for key, raw in as_json_entries(document["entries"]).items()}
     manifest = Snapshot(str(rich)).metadata.manifest
     assert dict(manifest) == expected
-    assert list(manifest) == sorted(expected, key=lambda k: (int(k.partition("/")[0]), k.partition("/")[2]))
+    assert list(manifest) == list(expected)
+    paths = document["entries"]["paths"]
+    assert paths == sorted(paths) and list(expected) != ["0/" + path for path in paths]  # sorted, not in order
     assert isinstance(manifest["0/extras/table"], ShardedTensorEntry)  # a row
     assert len(document["entries"]["rows"]) < len(expected) - 5  # the tensors are columns
 
@@ -147,6 +150,7 @@ def test_a_tensor_whose_pieces_lack_a_hash_is_a_row() -> None:
     entries = decode_document(data)["entries"]
     assert [row.get("kind") for row in entries["rows"]] == ["dict", "tensor"]
     assert read_columns(entries)["kind"].tolist() == [0, 0, 1]
+    assert read_columns(entries)["order"].tolist() == [0, 1, 2]
     assert dict(SnapshotMetadata.from_text(data).manifest) == manifest
 
 
@@ -259,6 +263,8 @@ HOSTILE: dict[str, tuple[Mutation, type[ManifestError], str]] = {
         ManifestError,
         "not sorted and unique",
     ),
+    "order-out-of-range": (_set("order", 0, 10), ManifestError, "'order' holds 10, not below the 10 entries"),
+    "order-repeated": (_set("order", 0, 1), ManifestError, "'order' is not a permutation"),
     "kind-code": (_set("kind", W, 7), ManifestError, "'0/extras/w'.*kind code is not 0, 1 or 2"),
     "replicated-flag": (_set("replicated", W, 2), ManifestError, "'0/extras/w'.*replicated flag"),
     "dtype-index": (_set("dtype", W, 9), ManifestError, "'0/extras/w'.*dtype index is not below 1"),
