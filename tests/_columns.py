@@ -9,7 +9,15 @@ from typing import Any
 import numpy as np
 
 #: docs/format.md 11.2 and 11.3: each column's little-endian type, and what it is counted by.
-ENTRY_COLUMNS = {"order": "<u4", "rank": "<u4", "kind": "u1", "replicated": "u1", "dtype": "<u2", "ndim": "<u4", "piece_count": "<u4"}
+ENTRY_COLUMNS = {
+    "order": "<u4",
+    "rank": "<u4",
+    "kind": "u1",
+    "replicated": "u1",
+    "dtype": "<u2",
+    "ndim": "<u4",
+    "piece_count": "<u4",
+}
 PIECE_COLUMNS = {"location": "<u4", "start": "<i8", "length": "<i8", "checksum": "<u4", "base": "<u4"}
 
 

@@ -196,7 +196,9 @@ def decode_entries(
         raise ManifestError(f"{_where('order')} holds {int(col['order'].max())}, not below the {count} entries")
     seen[col["order"]] = True
     if not seen.all():
-        raise ManifestError(f"{_where('order')} is not a permutation of the entries; the manifest is corrupt or crafted")
+        raise ManifestError(
+            f"{_where('order')} is not a permutation of the entries; the manifest is corrupt or crafted"
+        )
 
     # per-entry columns
     is_row = kind == KIND_ROW
