@@ -283,6 +283,11 @@ HOSTILE: dict[str, tuple[Mutation, type[ManifestError], str]] = {
     "base-index": (lambda e, c: _set("base", 0, 1)(e, c), ManifestError, "base index is not at most 0"),
     "negative-start": (_set("start", 0, -64), ManifestError, r"start is not in \[0, "),
     "length-past-the-limit": (_set("length", 0, MAX_PIECE_BYTES), ManifestError, r"length is not in \[0, "),
+    "lengths-adding-up-past-the-limit": (
+        lambda e, c: write_columns(e, length=[MAX_PIECE_BYTES - 1] * len(c["length"])),
+        ManifestError,
+        f"the pieces of the manifest hold {MAX_PIECE_BYTES} bytes or more",
+    ),
     "bytes-not-the-shape": (
         lambda e, c: _set("length", _w_piece(c), 36)(e, c),
         ManifestError,
