@@ -353,3 +353,22 @@ def test_a_version_4_manifest_has_no_entries_member_and_v5_needs_one(document: d
     hostile["manifest"] = {}
     with pytest.raises(ManifestError, match="'entries' must be a JSON object"):
         SnapshotMetadata.from_text(encode_document(hostile))
+
+
+def test_ranks_sort_as_numbers_and_each_key_is_found(tmp_path: Path) -> None:
+    """Keys of ranks 0 to 11 (``"10/..."`` sorts after ``"9/..."``), each found by its rank's bisection."""
+    hashed = Piece("data/0_00000", (0, 8), "crc32c:00000000", "xxh3-128:" + "00" * 16)
+    manifest: dict[str, Any] = {}
+    for rank in (11, 10, 2, 1, 0, 9):
+        manifest[f"{rank}/s"] = decode_entry("k", {"kind": "dict", "keys": ["b", "a"]})
+        manifest[f"{rank}/s/b"] = TensorEntry("float32", (2,), "raw", (hashed,))
+        manifest[f"{rank}/s/a"] = TensorEntry("int64", (), "raw", (hashed,))
+    metadata = SnapshotMetadata(5, "x", "y", "2026-11-29T00:00:00+00:00", 12, manifest, snapshot_id="2" * 32)
+    decoded = SnapshotMetadata.from_text(metadata.to_bytes())
+    entries = decode_document(metadata.to_bytes())["entries"]
+    assert read_columns(entries)["rank"].tolist() == [r for r in (0, 1, 2, 9, 10, 11) for _ in range(3)]
+    for key, entry in manifest.items():
+        assert decoded.manifest[key] == entry
+    for absent in ("3/s", "12/s", "1/s/c", "10/s/"):
+        assert absent not in decoded.manifest
+    assert list(decoded.manifest) == list(manifest)
