@@ -355,7 +355,7 @@ def test_a_version_4_manifest_has_no_entries_member_and_v5_needs_one(document: d
         SnapshotMetadata.from_text(encode_document(hostile))
 
 
-def test_ranks_sort_as_numbers_and_each_key_is_found(tmp_path: Path) -> None:
+def test_ranks_sort_as_numbers_and_each_key_is_found() -> None:
     """Keys of ranks 0 to 11 (``"10/..."`` sorts after ``"9/..."``), each found by its rank's bisection."""
     hashed = Piece("data/0_00000", (0, 8), "crc32c:00000000", "xxh3-128:" + "00" * 16)
     manifest: dict[str, Any] = {}
