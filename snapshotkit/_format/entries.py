@@ -237,7 +237,7 @@ class DictEntry(names.DictNames):
     @classmethod
     def from_json(cls, key: str, raw: dict[str, Any]) -> DictEntry:
         keys = _field(key, raw, "keys", list)
-        if not all(isinstance(k, str) or type(k) is int for k in keys):
+        if not set(map(type, keys)) <= {str, int}:  # JSON gives exactly these (bool is not int here)
             raise _fail(key, "dict keys must be strings or integers")
         return cls(tuple(keys), raw["kind"] == "ordered_dict")
 
