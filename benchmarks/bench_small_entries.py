@@ -9,6 +9,7 @@ drop it -- a cold one:
 * ``restore``: ``Snapshot(path).restore()`` in place into pre-allocated tensors (checksums on);
 * ``safetensors``: ``safetensors.torch.load_file`` + ``copy_`` into the same destinations;
 * ``read_object``: ``Snapshot(path).read_object()`` of one entry (manifest read and decode included);
+* ``safetensors_one``: ``safetensors.safe_open`` + ``get_tensor`` of that same one tensor;
 * ``take`` and ``torch.save`` (+ fsync) of the same state;
 * ``take_again``: a second take of the same state in the same process, after one untimed take
   (a repeated take: the plan of the first is reused where the checkout has a plan cache).
@@ -50,9 +51,9 @@ from _harness import cli
 from _harness import measure as M
 from _harness import report as R
 
-OPS = ("raw", "restore", "safetensors", "read_object", "take", "take_again", "torch_save")
+OPS = ("raw", "restore", "safetensors", "read_object", "safetensors_one", "take", "take_again", "torch_save")
 TAKES = ("take", "take_again")
-READS = ("raw", "restore", "safetensors", "read_object")
+READS = ("raw", "restore", "safetensors", "read_object", "safetensors_one")
 
 
 def make_state(count: int, tensor_bytes: int) -> dict[str, Any]:
@@ -72,14 +73,19 @@ def data_files(snapshot_dir: Path) -> list[Path]:
     return sorted(p for p in (snapshot_dir / "data").rglob("*") if p.is_file())
 
 
-def child(op: str, work: Path, count: int, tensor_bytes: int) -> dict[str, Any]:
-    """One operation in this (fresh) process; the seconds it took, imports excluded."""
+def child(op: str, work: Path, count: int, tensor_bytes: int, snapshot: str = "snap") -> dict[str, Any]:
+    """One operation in this (fresh) process; the seconds it took, imports excluded. ``snapshot``
+    names the snapshot (under ``work``) that this checkout took, in the format version it writes."""
+    import safetensors
     import safetensors.torch
     import torch
 
     import snapshotkit
 
-    snap, st_file = work / "snap", work / "state.safetensors"
+    snap, st_file = work / snapshot, work / "state.safetensors"
+    if op == "take_snapshot":  # (setup) this checkout's own snapshot of the state
+        snapshotkit.Snapshot.take(str(snap), {"m": snapshotkit.StateDict(make_state(count, tensor_bytes))})
+        return {"ok": True, "snapshotkit_dir": str(Path(snapshotkit.__file__).resolve().parent)}
     verify: dict[str, Any] | None = None
     collections: list[int] = []
 
@@ -128,6 +134,12 @@ def child(op: str, work: Path, count: int, tensor_bytes: int) -> dict[str, Any]:
         cpu, main_cpu = time.process_time() - cpu, time.thread_time() - main_cpu
         gc.callbacks.remove(count_collections)
         verify = {f"p{count // 2:06d}": value}
+    elif op == "safetensors_one":
+        started = time.perf_counter()
+        with safetensors.safe_open(str(st_file), framework="pt") as f:
+            value = f.get_tensor(f"p{count // 2:06d}")
+        seconds = time.perf_counter() - started
+        verify = {f"p{count // 2:06d}": value}
     else:
         destinations = empty_like(make_state(count, tensor_bytes))
         gc.callbacks.append(count_collections)
@@ -155,11 +167,11 @@ def child(op: str, work: Path, count: int, tensor_bytes: int) -> dict[str, Any]:
     return {"time_s": seconds, "ok": ok, "snapshotkit_dir": str(Path(snapshotkit.__file__).resolve().parent), **extra}
 
 
-def run_child(args: Any, op: str, work: Path, pythonpath: str, cold: bool) -> dict[str, Any]:
+def run_child(args: Any, op: str, work: Path, pythonpath: str, cold: bool, snapshot: str = "snap") -> dict[str, Any]:
     cache = M.prepare_cache(cold) if op in READS else "n/a"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPSHOTKIT_")}
     env["PYTHONPATH"] = pythonpath
-    cmd = [sys.executable, __file__, "--child", op, "--dir", str(work)]
+    cmd = [sys.executable, __file__, "--child", op, "--dir", str(work), "--snapshot", snapshot]
     cmd += ["--count", str(args.count), "--tensor-bytes", str(args.tensor_bytes)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.op_timeout)
     if proc.returncode != 0:
@@ -187,6 +199,7 @@ def parse_args(argv: list[str] | None = None) -> Any:
     ap.add_argument("--ops", default=",".join(OPS), help=f"operations to run (default: {','.join(OPS)})")
     ap.add_argument("--op-timeout", type=float, default=600.0, help="seconds per operation")
     ap.add_argument("--child", default=None, help="(internal) run one operation and print its JSON")
+    ap.add_argument("--snapshot", default="snap", help="(internal) the snapshot the child reads, under --dir")
     ap.add_quick("tiny sizes for the smoke test", count=200, tensor_bytes=1024, repeats=1)
     return ap.parse(argv)
 
@@ -212,7 +225,7 @@ def prepare(work: Path, count: int, tensor_bytes: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, Path(args.dir), args.count, args.tensor_bytes)))
+        print(json.dumps(child(args.child, Path(args.dir), args.count, args.tensor_bytes, args.snapshot)))
         return 0
     here = str(Path(__file__).resolve().parents[1])
     checkouts = {"this": here}
@@ -227,6 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     caches = ["warm"] + (["cold"] if M.can_drop_caches() else [])
     with cli.scratch_dir(args.dir, "snapshotkit-small-") as scratch:
         prepare(scratch, args.count, args.tensor_bytes)
+        # every other checkout reads a snapshot it took itself (an older one may not read this format)
+        snapshots = {name: "snap" if name == "this" else f"snap-{name}" for name in checkouts}
+        for name, pythonpath in checkouts.items():
+            if name != "this":
+                record = run_child(args, "take_snapshot", scratch, pythonpath, False, snapshots[name])
+                if not record.get("ok"):
+                    raise SystemExit(f"{name}: taking its snapshot failed: {record.get('error')}")
         runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
         for rep in range(args.repeats):
             for cache in caches:
@@ -236,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                     order = list(checkouts.items())
                     order = order[rep % len(order) :] + order[: rep % len(order)]  # no checkout always first
                     for name, pythonpath in order:
-                        rec = run_child(args, op, scratch, pythonpath, cache == "cold")
+                        rec = run_child(args, op, scratch, pythonpath, cache == "cold", snapshots[name])
                         runs.setdefault(f"{name} {op} {cache}", {}).setdefault("runs", []).append(rec)
                         R.progress(f"[{rep + 1}/{args.repeats}] {name} {op} ({rec['cache']}): {R.status(rec)}")
                         for path in scratch.glob("*-out"):
@@ -272,8 +292,16 @@ def main(argv: list[str] | None = None) -> int:
                     "take_speedup_over_torch_save": M.ratio(s("torch_save"), s("take")),
                     "take_again_speedup_over_torch_save": M.ratio(s("torch_save"), s("take_again")),
                     "read_object_s": s("read_object"),
+                    "read_object_speedup_over_safetensors_one": M.ratio(s("safetensors_one"), s("read_object")),
                 }
         config = {**vars(args), "checkouts": checkouts, "commits": {n: _commit(p) for n, p in checkouts.items()}}
+        config["manifest_bytes"] = {
+            n: (scratch / snapshots[n] / ".snapshot_metadata").stat().st_size for n in checkouts
+        }
+        config["format_version"] = {
+            n: json.loads((scratch / snapshots[n] / ".snapshot_metadata").read_bytes())["format_version"]
+            for n in checkouts
+        }
         report = R.new_report("bench_small_entries", scratch, config=config)
         report.update(results=results, ratios=ratios)
     Path(args.out).write_text(json.dumps(report, indent=2, sort_keys=True))

@@ -311,7 +311,7 @@ class Snapshot:
 
     def get_manifest(self) -> dict[str, Entry]:
         """A copy of the manifest: ``"<rank>/<logical path>"`` -> entry."""
-        return copy.deepcopy(self.metadata.manifest)
+        return copy.deepcopy(dict(self.metadata.manifest))
 
     def restore(
         self,

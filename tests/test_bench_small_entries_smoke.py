@@ -19,6 +19,9 @@ def test_bench_small_entries_smoke(tmp_path: Path) -> None:
         assert record["median_s"] is not None and record["median_s"] >= 0, key
         assert record["median_cpu_s"] >= 0 and record["median_main_thread_cpu_s"] >= 0, key  # every op, reads too
     assert set(report["ratios"]) >= {"this warm"}
+    assert report["results"]["this safetensors_one warm"]["ok"]
+    assert report["ratios"]["this warm"]["read_object_speedup_over_safetensors_one"] is not None
+    assert report["config"]["manifest_bytes"]["this"] > 0 and report["config"]["format_version"] == {"this": 5}
 
 
 @pytest.mark.slow
@@ -32,3 +35,4 @@ def test_compare_with_measures_the_checkout_it_names(tmp_path: Path) -> None:
     assert report["config"]["checkouts"] == {"this": str(REPO.resolve()), "other": str(other.resolve())}
     assert report["results"]["other take warm"]["ok"]
     assert report["results"]["this take warm"]["ok"]
+    assert set(report["config"]["manifest_bytes"]) == {"this", "other"}  # each read a snapshot it took

@@ -1,17 +1,22 @@
 """What take accepts, restore returns; what cannot be stored, take refuses before writing anything,
-naming the logical path (deep nesting, huge ints, strings and keys that are not valid UTF-8)."""
+naming the logical path (deep nesting, huge ints, strings and keys that are not valid UTF-8); and a
+version-5 manifest's counts cannot make a reader allocate more than its bytes hold."""
 
 from __future__ import annotations
 
+import base64
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from _snapshots import MANIFEST, depth_of, nested
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit._plan.flatten import MAX_INT_BITS, MAX_NESTING_DEPTH
-from snapshotkit.errors import InvalidAppStateError, UnsupportedValueError
+from snapshotkit.errors import InvalidAppStateError, ManifestError, UnsupportedValueError
+from snapshotkit.manifest import Piece, SnapshotMetadata, TensorEntry, decode_document, encode_document
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -65,3 +70,24 @@ def test_app_state_key_that_is_not_utf8_is_refused_before_anything_is_written(tm
     with pytest.raises(InvalidAppStateError, match="lone surrogate"):
         Snapshot.take(str(tmp_path / "snap"), {"bad \udcff": StateDict(x=1)})
     assert not (tmp_path / "snap").exists()
+
+
+def test_version_5_counts_never_allocate_past_the_manifest_bytes() -> None:
+    """Counts in a version-5 manifest (piece and dimension counts of ``2**32 - 1`` per entry) are
+    refused by the length of the columns they describe, before anything is allocated by them: the
+    decode's peak allocation stays a small multiple of the manifest's size (docs/format.md 11.4)."""
+    piece = Piece("data/0_00000", (0, 4), "crc32c:00000000", "xxh3-128:" + "00" * 16)
+    manifest: dict[str, Any] = {f"0/s/{i}": TensorEntry("float32", (1,), "raw", (piece,)) for i in range(2000)}
+    document = decode_document(SnapshotMetadata(5, "x", "y", "z", 1, manifest, snapshot_id="3" * 32).to_bytes())
+    for column in ("piece_count", "ndim"):
+        hostile = {**document, "entries": dict(document["entries"])}
+        hostile["entries"][column] = base64.b64encode(np.full(2000, 2**32 - 1, "<u4").tobytes()).decode()
+        data = encode_document(hostile)
+        tracemalloc.start()
+        try:
+            with pytest.raises(ManifestError, match=r"holds .* bytes where .* are needed"):
+                SnapshotMetadata.from_text(data)
+            peak_bytes = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak_bytes < 20 * len(data), (column, peak_bytes, len(data))

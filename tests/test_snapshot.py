@@ -260,7 +260,7 @@ def test_memory_scheme_round_trip() -> None:
 
 def test_take_returns_snapshot_with_metadata(tmp_path: Path) -> None:
     snapshot = Snapshot.take(str(tmp_path / "s"), {"sd": StateDict(a=1)})
-    assert snapshot.metadata.format_version == 4
+    assert snapshot.metadata.format_version == 5
     assert snapshot.metadata.snapshot_id is not None and len(snapshot.metadata.snapshot_id) == 32
     assert snapshot.metadata.bases == {}
     assert snapshot.metadata.world_size == 1

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from snapshotkit._format.bases import BASES_MEMBER, BASES_SINCE, SNAPSHOT_ID_MEMBER, decode_bases
 from snapshotkit._format.codec import INTEGRITY_SINCE, decode_document, seal
+from snapshotkit._format.columnar import COLUMNAR_SINCE, ENTRIES_MEMBER, decode_entries, encode_entries
 from snapshotkit._format.dtypes import DTYPE_NAME, MAX_NUMEL, RAW_ITEMSIZE
 from snapshotkit._format.entries import (
     _COMPACT_JSON,
@@ -38,12 +40,14 @@ class SnapshotMetadata:
     """The decoded ``.snapshot_metadata`` document.
 
     Attributes:
-        format_version: on-disk format version (1 to 4; a take writes 4).
+        format_version: on-disk format version (1 to 5; a take writes 5).
         snapshotkit_version: version of the snapshotkit that wrote the snapshot.
         torch_version: ``torch.__version__`` of the writer.
         created_at: UTC time the take committed, ISO 8601.
         world_size: number of ranks that took the snapshot.
-        manifest: ``"<rank>/<logical path>"`` -> entry, in flatten order.
+        manifest: ``"<rank>/<logical path>"`` -> entry, in flatten order; from format version 5 a
+            read-only mapping that builds an entry when it is looked up
+            (:class:`~snapshotkit._format.columnar.ColumnarManifest`).
         user_metadata: the ``metadata=`` rank 0 passed to the take, as stored (a JSON object);
             ``{}`` when none was given and for snapshots older than format version 3.
         snapshot_id: this snapshot's unique id (32 hex digits; format version 4, else None).
@@ -56,7 +60,7 @@ class SnapshotMetadata:
     torch_version: str
     created_at: str
     world_size: int
-    manifest: dict[str, Entry]
+    manifest: Mapping[str, Entry]
     user_metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     snapshot_id: str | None = None
     bases: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -107,7 +111,14 @@ class SnapshotMetadata:
         encode = _COMPACT_JSON.encode
         lines = ["{"]
         lines.extend(f"{json.dumps(k)}: {json.dumps(v, allow_nan=False)}," for k, v in head.items())
-        if self.manifest:
+        if self.format_version >= COLUMNAR_SINCE:
+            columns = encode_entries(self.manifest)
+            rows = columns.pop("rows")
+            lines.append(f'"{ENTRIES_MEMBER}": {{')
+            lines.extend(f"{_json_string(name)}: {encode(value)}," for name, value in columns.items())
+            lines.append('"rows": [' + ",\n".join(encode(row) for row in rows) + "]")
+            lines.append("}")
+        elif self.manifest:
             lines.append('"manifest": {')
             body = [
                 f"{_json_string(k)}: {e.to_json_line() if isinstance(e, TensorEntry) else encode(e.to_json())}"
@@ -167,6 +178,18 @@ class SnapshotMetadata:
                 )
             head["user_metadata"] = user_metadata
         head["snapshot_id"], head["bases"] = decode_bases(document, version)
+        if version >= COLUMNAR_SINCE:
+            bases = head["bases"]
+
+            def check_row(key: str, entry: Entry) -> None:
+                if isinstance(entry, (TensorEntry, ShardedTensorEntry)):
+                    _check_tensor(key, entry)
+                _check_pieces(key, entry, version, bases)
+
+            columnar = decode_entries(
+                document.get(ENTRIES_MEMBER), world_size=head["world_size"], bases=bases, check_row=check_row
+            )
+            return cls(format_version=version, manifest=columnar, **head)
         raw_manifest = _field("<header>", document, "manifest", dict)
         manifest: dict[str, Entry] = {}
         ranks_seen: set[str] = set()  # a manifest has many keys and few ranks: check each rank once

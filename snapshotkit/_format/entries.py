@@ -37,10 +37,11 @@ __all__ = ["CHECKSUM_ALGORITHMS", "METADATA_FILENAME", "Piece", "validate_locati
 #: being committed. Only such objects are ever deleted, or called the leftovers of a take.
 OWN_OBJECT = re.compile(r"data/[0-9]+_[0-9]{5,}_[0-9a-f]+|" + re.escape(METADATA_FILENAME) + r"(\.tmp-[0-9a-f]+)?")
 FORMAT_NAME = "snapshotkit"
-#: The newest format version this snapshotkit writes and reads: 4, which gives every snapshot a
-#: unique id and every piece a content hash, so that any snapshot can be the base of an
-#: incremental take (versions 1 to 3 are still read).
-FORMAT_VERSION = 4
+#: The newest format version this snapshotkit writes and reads: 5, whose manifest holds its
+#: entries as columns (``_format/columnar.py``); 4 gave every snapshot a unique id and every piece
+#: a content hash, so that any snapshot can be the base of an incremental take (versions 1 to 4
+#: are still read).
+FORMAT_VERSION = 5
 #: ``float.hex()`` output (and the inf/nan spellings it produces).
 _FLOAT_HEX_TEXT = re.compile(r"-?(0x[0-9a-f](\.[0-9a-f]*)?p[+-][0-9]+|inf|nan)")
 #: A manifest key's rank: ASCII digits without leading zeros.
@@ -236,7 +237,7 @@ class DictEntry(names.DictNames):
     @classmethod
     def from_json(cls, key: str, raw: dict[str, Any]) -> DictEntry:
         keys = _field(key, raw, "keys", list)
-        if not all(isinstance(k, str) or type(k) is int for k in keys):
+        if not set(map(type, keys)) <= {str, int}:  # JSON gives exactly these (bool is not int here)
             raise _fail(key, "dict keys must be strings or integers")
         return cls(tuple(keys), raw["kind"] == "ordered_dict")
 
@@ -377,7 +378,8 @@ def _field(key: str, raw: Mapping[str, Any], name: str, expected: type, default:
 
 def format_version_for(manifest: Mapping[str, Entry]) -> int:
     """The format version a take writes for ``manifest``: :data:`FORMAT_VERSION` (every take
-    writes a snapshot id and content hashes, which only version 4 has)."""
+    writes a snapshot id and content hashes, which versions 4 and 5 have, and version 5 holds any
+    entry version 4 does: a tensor whose pieces lack a hash goes into its JSON rows)."""
     return FORMAT_VERSION
 
 

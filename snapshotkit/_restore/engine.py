@@ -26,10 +26,13 @@ from snapshotkit._dist import Group
 from snapshotkit._events import emit, format_bytes, transfer_summary
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import (
+    DictEntry,
     Entry,
+    ListEntry,
     ShardedTensorEntry,
     TensorEntry,
     escape_key,
+    is_shared,
     unescape_key,
 )
 from snapshotkit._format.sharded import destination_boxes
@@ -327,8 +330,12 @@ def _read_object(
             f"read_object takes a logical path as a str (e.g. 'model/layer1.weight'), got "
             f"{type(logical_path).__name__} {logical_path!r}. List the paths with Snapshot(path).get_manifest()"
         )
-    view, logical = _resolve_logical_path(metadata, logical_path, rank, path)
-    entry = view[logical]
+    leaf = _one_leaf(metadata, logical_path, rank)
+    if leaf is not None:
+        view, logical, entry = {logical_path: leaf}, logical_path, leaf
+    else:
+        view, logical = _resolve_logical_path(metadata, logical_path, rank, path)
+        entry = view[logical]
     if obj_out is not None and not _is_tensor(obj_out):
         # torchsnapshot's rule, kept for code written against it: such an obj_out is ignored.
         logger.warning(
@@ -377,6 +384,18 @@ def _check_obj_out(logical_path: str, entry: Entry, obj_out: Any) -> None:
             f"{list(entry.shape)}, obj_out has dtype {dtype} shape {list(obj_out.shape)}. "
             "Pass a tensor of the saved dtype and shape, or obj_out=None to get a new tensor"
         )
+
+
+def _one_leaf(metadata: SnapshotMetadata, logical_path: str, rank: int) -> Entry | None:
+    """The leaf ``rank``'s view holds at ``logical_path``, found by key without building the view
+    (a version-5 manifest builds that one entry), or None for anything else (a container, a path
+    the view lacks or that names another rank's): :func:`rank_view` decides those."""
+    manifest = metadata.manifest
+    entry = manifest.get(f"{rank}/{logical_path}") if rank < metadata.world_size else None
+    if entry is None and rank != 0:
+        entry = manifest.get(f"0/{logical_path}")
+        entry = entry if entry is not None and is_shared(entry) else None
+    return None if entry is None or isinstance(entry, (DictEntry, ListEntry)) else entry
 
 
 def _resolve_logical_path(

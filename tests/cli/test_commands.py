@@ -67,7 +67,7 @@ def test_info_text_and_depth(root: Path) -> None:
     result = invoke("info", str(root / "step_300"), "--depth", "2")
     assert result.exit_code == 0
     out = result.stdout
-    expected_parts = ("version 4", "self-contained", "world size", '"lr":0.1', "float32", "0.weight", "[8, 4]")
+    expected_parts = ("version 5", "self-contained", "world size", '"lr":0.1', "float32", "0.weight", "[8, 4]")
     for expected in (*expected_parts, "deeper levels summed"):
         assert expected in out, expected
     nodes = parse_json(invoke("info", str(root / "step_300"), "--json", "--depth", "1").stdout)["nodes"]

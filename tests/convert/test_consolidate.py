@@ -74,7 +74,7 @@ def test_a_consolidated_chain_outlives_its_bases(chain: tuple[Path, dict[str, An
     copy = consolidate_snapshot(run / "step_3", dst, memory_budget_bytes=400_000)
     metadata = copy.metadata
     assert metadata.bases == {} and metadata.snapshot_id not in (None, source.snapshot_id)
-    assert metadata.format_version == 4 and metadata.world_size == 1
+    assert metadata.format_version == 5 and metadata.world_size == 1
     assert metadata.user_metadata == USER_METADATA
     assert _without_pieces(metadata) == _without_pieces(source)  # every entry, checksums and hashes kept
     pieces = [piece for entry in metadata.manifest.values() for piece in pieces_of(entry)]
@@ -90,7 +90,7 @@ def test_a_full_multi_rank_snapshot_of_an_old_format(tmp_path: Path) -> None:
     """Golden v2: two ranks, sharded, replicated and per-rank entries; hashes are computed (v2 has none)."""
     source = Snapshot(str(GOLDEN_V2)).metadata
     copy = consolidate_snapshot(GOLDEN_V2, tmp_path / "copy").metadata
-    assert copy.world_size == 2 and copy.format_version == 4
+    assert copy.world_size == 2 and copy.format_version == 5
     assert list(copy.manifest) == list(source.manifest)
     for key, entry in source.manifest.items():
         mine = copy.manifest[key]

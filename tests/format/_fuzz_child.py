@@ -1,9 +1,9 @@
 """The manifest fuzzer, run as a child process with a capped address space (see test_fuzz_manifest.py).
 
-Usage: ``python _fuzz_child.py <workdir> <examples> <seed>``. Takes a small snapshot in
-``workdir`` and an incremental one with ``base=`` it (format 4: snapshot ids, content hashes, a
-``bases`` header and references), then lets hypothesis damage the incremental one's manifest in
-three ways:
+Usage: ``python _fuzz_child.py <workdir> <examples> <seed> [<format version>]``. Takes a small
+snapshot in ``workdir`` and an incremental one with ``base=`` it (snapshot ids, content hashes, a
+``bases`` header and references), in format version 5 (columnar entries) or, rewritten, 4 (one JSON
+entry per key), then lets hypothesis damage the incremental one's manifest in three ways:
 
 - ``bytes``: changed, inserted or deleted bytes, the integrity line left as it was;
 - ``structure``: a member anywhere in the document replaced (hostile values: huge, negative
@@ -11,7 +11,8 @@ three ways:
   nothing), then resealed so the
   integrity check passes and the semantic checks are what is tested;
 - ``sizes``: a tensor entry's shape and byte ranges set to crafted sizes (half of the time
-  consistent with each other, so only the data objects' real sizes can refute them), resealed.
+  consistent with each other, so only the data objects' real sizes can refute them), resealed
+  (version 5: in the columns; sizes a column cannot hold are skipped, as JSON cannot hold some).
 
 After each mutation it opens the snapshot, restores it and reads every logical path. Every
 outcome must be a correct result or a :class:`SnapshotkitError`; damaged bytes must be refused.
@@ -34,8 +35,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for _snapshots
 
 import hypothesis
+import numpy as np
 import torch
-from _snapshots import MANIFEST, Net, make_app_state
+from _columns import as_json_entries, read_columns, write_columns
+from _snapshots import MANIFEST, Net, make_app_state, rewrite_as_v4
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -117,7 +120,7 @@ def _replace(document: dict[str, Any], trail: tuple[Any, ...], value: Any, delet
 
 
 class Fuzzer:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, version: int) -> None:
         self.snapshot = workdir / "snap"
         base = workdir / "base"
         os.environ["SNAPSHOTKIT_MIN_REFERENCE_BYTES"] = "1"  # the tiny tensors are referenced too
@@ -126,12 +129,16 @@ class Fuzzer:
         app_state["extras"]["w"] += 1  # written again; the model is referenced
         Snapshot.take(str(self.snapshot), app_state, base=str(base))
         del os.environ["SNAPSHOTKIT_MIN_REFERENCE_BYTES"]
+        if version == 4:
+            rewrite_as_v4(self.snapshot)
         self.original = (self.snapshot / MANIFEST).read_bytes()
         self.document = decode_document(self.original)
+        assert self.document["format_version"] == version
         assert self.document["bases"] == {"../base": decode_document((base / MANIFEST).read_bytes())["snapshot_id"]}
-        referenced = [p for e in self.document["manifest"].values() for p in e.get("pieces", []) if "base" in p]
+        entries = self.document["manifest"] if version == 4 else as_json_entries(self.document["entries"])
+        referenced = [p for e in entries.values() for p in e.get("pieces", []) if "base" in p]
         assert referenced, "the incremental take referenced nothing"
-        self.logical_paths = sorted({key.partition("/")[2] for key in self.document["manifest"]})
+        self.logical_paths = sorted({key.partition("/")[2] for key in entries})
         self.expected = self._read_everything()
         self.outcomes: collections.Counter[str] = collections.Counter()
 
@@ -175,10 +182,52 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def run(workdir: Path, examples: int, seed: int) -> dict[str, int]:
-    fuzzer = Fuzzer(workdir)
+def _sized_v5(document: dict[str, Any], index: int, shape: list[int], start: int, end: int, consistent: bool) -> None:
+    """:func:`run`'s ``sizes`` in the columns of a version-5 document: entry ``index`` gets ``shape``
+    and its pieces the byte range ``[start, end)`` (or, ``consistent``, one piece of the shape's bytes).
+
+    Raises:
+        OverflowError: a column's type cannot hold a value.
+    """
+    entries = document["entries"]
+    c = read_columns(entries)
+    dim_at = [0, *np.cumsum(c["ndim"], dtype=np.int64).tolist()]
+    piece_at = [0, *np.cumsum(c["piece_count"], dtype=np.int64).tolist()]
+    dims = [*c["dims"][: dim_at[index]].tolist(), *shape, *c["dims"][dim_at[index + 1] :].tolist()]
+    ndim = c["ndim"].astype(object)
+    ndim[index] = len(shape)
+    first, last = piece_at[index], piece_at[index + 1]
+    pieces = {name: c[name][first:last].astype(object) for name in ("location", "start", "length", "checksum", "base")}
+    digests = c["hash"][first:last]
+    count = c["piece_count"].astype(object)
+    if consistent and last > first:
+        numel = 1
+        for dim in shape:
+            numel *= max(dim, 0)
+        itemsize = RAW_ITEMSIZE.get(entries["dtypes"][int(c["dtype"][index])], 1)
+        pieces = {name: values[:1] for name, values in pieces.items()}
+        pieces["start"][0], pieces["length"][0] = max(start, 0), numel * itemsize
+        digests, count[index] = digests[:1], 1
+    else:
+        pieces["start"][:], pieces["length"][:] = start, end - start
+    columns: dict[str, Any] = {"dims": np.array(dims, dtype=object), "ndim": ndim, "piece_count": count}
+    for name, values in pieces.items():
+        columns[name] = np.concatenate([c[name][:first].astype(object), values, c[name][last:].astype(object)])
+    columns["hash"] = np.concatenate([c["hash"][:first], digests, c["hash"][last:]])
+    for name, values in columns.items():  # a value the column's type cannot hold: not this test's concern
+        if name != "hash" and any(not -(2**63) <= int(v) < 2**64 for v in values):
+            raise OverflowError(name)
+    document["entries"] = write_columns(entries, **columns)
+
+
+def run(workdir: Path, examples: int, seed: int, version: int) -> dict[str, int]:
+    fuzzer = Fuzzer(workdir, version)
     members = _members(fuzzer.document)
-    tensors = [k for k, e in fuzzer.document["manifest"].items() if e.get("kind") in ("tensor", "sharded_tensor")]
+    if version == 4:
+        tensors = [k for k, e in fuzzer.document["manifest"].items() if e.get("kind") in ("tensor", "sharded_tensor")]
+    else:
+        kinds = read_columns(fuzzer.document["entries"])["kind"].tolist()
+        tensors = [str(i) for i, kind in enumerate(kinds) if kind != 0]
     common = settings(
         max_examples=examples,
         deadline=None,
@@ -218,6 +267,14 @@ def run(workdir: Path, examples: int, seed: int) -> dict[str, int]:
     )
     def sizes(key: str, shape: list[int], start: int, end: int, consistent: bool) -> None:
         document = copy.deepcopy(fuzzer.document)
+        if version == 5:
+            try:
+                _sized_v5(document, int(key), shape, start, end, consistent)
+                data = encode_document(document)
+            except (OverflowError, ValueError):
+                return
+            fuzzer.attempt(data, "sizes", must_fail=False)
+            return
         entry = document["manifest"][key]
         entry["shape"] = shape
         pieces = entry.get("pieces", [])
@@ -245,10 +302,11 @@ def run(workdir: Path, examples: int, seed: int) -> dict[str, int]:
 
 def main() -> int:
     workdir, examples, seed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    version = int(sys.argv[4]) if len(sys.argv) > 4 else 5
     limit = _address_space_bytes() + CAP_BYTES
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     try:
-        outcomes = run(workdir, examples, seed)
+        outcomes = run(workdir, examples, seed, version)
     except BaseException:
         traceback.print_exc()
         return 1

@@ -35,7 +35,7 @@ def manifest_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 def test_a_take_writes_the_integrity_line(manifest_bytes: bytes) -> None:
     first, _, body = manifest_bytes.partition(b"\n")
     assert first == b'{"integrity": "sha256:' + hashlib.sha256(body).hexdigest().encode() + b'",'
-    assert json.loads(manifest_bytes)["format_version"] == FORMAT_VERSION == 4
+    assert json.loads(manifest_bytes)["format_version"] == FORMAT_VERSION == 5
 
 
 def test_encode_then_decode_is_the_identity() -> None:
@@ -217,4 +217,4 @@ def test_write_manifest_json_helper_round_trips(tmp_path: Path) -> None:
     document = load_manifest_json(path)
     write_manifest_json(path, document)
     assert load_manifest_json(path) == document
-    assert Snapshot(str(path)).metadata.format_version == FORMAT_VERSION == 4
+    assert Snapshot(str(path)).metadata.format_version == 4  # load_manifest_json rewrote it as version 4

@@ -42,8 +42,8 @@ BASE_ID = "fedcba9876543210fedcba9876543210"
 HASH = "xxh3-128:" + "ab" * 16
 
 
-def test_format_version_is_4() -> None:
-    assert FORMAT_VERSION == 4
+def test_format_version_is_5_and_version_4_is_still_read() -> None:
+    assert FORMAT_VERSION == 5  # version 4 is what the golden snapshots and these tests read
 
 
 def test_the_hash_is_xxh3_128_as_the_spec_states() -> None:
@@ -258,7 +258,7 @@ def test_unused_bases_read() -> None:
     assert "../unused" in SnapshotMetadata.from_text(encode_document(document)).bases
 
 
-def test_version_5_is_written_by_a_newer_snapshotkit() -> None:
+def test_a_newer_version_is_written_by_a_newer_snapshotkit() -> None:
     document = golden_document()
     document["format_version"] = FORMAT_VERSION + 1
     document["snapshotkit_version"] = "9.0.0"
@@ -267,7 +267,7 @@ def test_version_5_is_written_by_a_newer_snapshotkit() -> None:
         SnapshotMetadata.from_text(encode_document(document))
     message = str(info.value)
     assert "written by a newer snapshotkit" in message
-    assert "format version 5" in message
+    assert f"format version {FORMAT_VERSION + 1}" in message
     assert "'9.0.0'" in message
     assert "pip install -U snapshotkit" in message
 

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _snapshots import MANIFEST, Net, load_manifest_json, reseal_manifest, take_basic, write_manifest_json
+from _snapshots import (
+    MANIFEST,
+    Net,
+    load_manifest_json,
+    reseal_manifest,
+    rewrite_as_v4,
+    take_basic,
+    write_manifest_json,
+)
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit.errors import ManifestError, UnsafeLocationError, UnsupportedFormatVersionError
@@ -253,6 +261,7 @@ def test_duplicate_manifest_entry_raises_manifest_error(tmp_path: Path) -> None:
     # docs/format.md 8.1: readers should reject duplicate member names rather than keep one silently.
     path = tmp_path / "snap"
     take_basic(path)
+    rewrite_as_v4(path)  # per-entry JSON members (version 5: tests/format/test_format_v5.py)
     text = (path / MANIFEST).read_text()
     start = text.index('"0/extras/w":')
     line = text[start : text.index("\n", start)].rstrip(",")
