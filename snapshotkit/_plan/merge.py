@@ -11,6 +11,8 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from snapshotkit._format.entries import (
     DictEntry,
     Entry,
@@ -31,10 +33,15 @@ from snapshotkit.errors import UnsupportedValueError
 @dataclasses.dataclass(frozen=True)
 class RankResult:
     """What a rank wrote: its finished entries (rank 0's also hold the pending shared ones) and
-    the pieces of replicated and sharded leaves it wrote."""
+    the pieces of replicated and sharded leaves it wrote.
+
+    ``pending``: whether ``entries`` holds pending shared entries (only rank 0's do); a result
+    without them goes into the manifest as it is.
+    """
 
     entries: Mapping[str, Entry | PendingReplicated | PendingSharded]
     shared: Mapping[PieceKey, Piece]
+    pending: bool = dataclasses.field(default=True, compare=False)
 
 
 def finish_rank(plan: TakePlan, written: Mapping[PieceSlot, Piece]) -> RankResult:
@@ -44,6 +51,7 @@ def finish_rank(plan: TakePlan, written: Mapping[PieceSlot, Piece]) -> RankResul
         return tuple(written[slot] for slot in plan.slots.get(payload, ()))
 
     entries: dict[str, Entry | PendingReplicated | PendingSharded] = {}
+    pending = False
     for key, entry in plan.entries.items():
         if isinstance(entry, PendingTensor):
             entries[key] = TensorEntry(entry.dtype, entry.shape, entry.serializer, pieces(entry.payload), False)
@@ -52,44 +60,65 @@ def finish_rank(plan: TakePlan, written: Mapping[PieceSlot, Piece]) -> RankResul
             entries[key] = ObjectEntry(entry.obj_type, piece, False)
         else:
             entries[key] = entry
+            pending = pending or isinstance(entry, (PendingReplicated, PendingSharded))
     shared = {key: written[slot] for key, slot in plan.shared_slots.items()}
-    return RankResult(entries, shared)
+    return RankResult(entries, shared, pending)
 
 
 def merge_results(results: Sequence[RankResult], decision: Decision, layouts: Mapping[str, str]) -> dict[str, Entry]:
     """The snapshot's manifest: every rank's entries, shared leaves assembled from all ranks' pieces.
 
-    ``layouts`` maps each sharded tensor's path to its informative layout text.
+    ``layouts`` maps each sharded tensor's path to its informative layout text. The work is one
+    pass over the pieces the ranks wrote and one over the distinct boxes of each sharded tensor;
+    a rank's entries without pending ones are copied as they are.
     """
-    shared: dict[PieceKey, Piece] = {}
+    replicated: dict[PieceKey, Piece] = {}
+    # path -> (box offsets, piece index) -> piece: keyed by tuples, which hash in C
+    sharded: dict[str, dict[tuple[tuple[int, ...], int], Piece]] = {}
     for result in results:
-        shared.update(result.shared)
-
-    def collect(path: str, shard_offsets: tuple[int, ...] | None = None) -> tuple[Piece, ...]:
-        return tuple(shared[key] for key in decision.pieces(path, shard_offsets))
+        for key, piece in result.shared.items():
+            if (offsets := key.shard_offsets) is None:
+                replicated[key] = piece
+            elif (found := sharded.get(key.path)) is None:
+                sharded[key.path] = {(offsets, key.index): piece}
+            else:
+                found[offsets, key.index] = piece
 
     manifest: dict[str, Entry] = {}
     for result in results:
+        if not result.pending:
+            manifest.update(result.entries)  # type: ignore[arg-type]  # no pending entry: finished ones only
+            continue
         for key, entry in result.entries.items():
             if isinstance(entry, PendingReplicated):
                 template = entry.template
-                pieces = collect(entry.source)
+                pieces = tuple(replicated[key] for key in decision.pieces(entry.source))
                 if isinstance(template, TensorLeaf):
                     manifest[key] = TensorEntry(template.dtype, template.shape, template.serializer, pieces, True)
                 else:
                     (piece,) = pieces
                     manifest[key] = ObjectEntry(template.obj_type, piece, True)
             elif isinstance(entry, PendingSharded):
-                description = decision.sharded[entry.path]
-                shards = tuple(
-                    Shard(box.offsets, box.sizes, collect(entry.path, box.offsets)) for box in description.boxes
-                )
-                manifest[key] = ShardedTensorEntry(
-                    description.dtype, description.shape, shards, layouts.get(entry.path, "")
-                )
+                manifest[key] = _sharded_entry(decision, entry.path, sharded.get(entry.path, {}), layouts)
             else:
                 manifest[key] = entry
     return manifest
+
+
+def _sharded_entry(
+    decision: Decision, path: str, found: Mapping[tuple[tuple[int, ...], int], Piece], layouts: Mapping[str, str]
+) -> ShardedTensorEntry:
+    """A sharded tensor's entry: each distinct box, in order, with its pieces."""
+    planned = decision.sharded_pieces[path]
+    table = planned.table
+    counts = np.diff(planned.pieces.first).tolist()
+    shards = [
+        Shard(offsets, sizes, tuple(found[offsets, index] for index in range(count)))
+        if count != 1
+        else Shard(offsets, sizes, (found[offsets, 0],))
+        for offsets, sizes, count in zip(table.offset_tuples, table.size_tuples, counts, strict=True)
+    ]
+    return ShardedTensorEntry(table.dtype, table.shape, tuple(shards), layouts.get(path, ""))
 
 
 def merge_parts(parts: Sequence[Mapping[str, Entry]]) -> dict[str, Entry]:

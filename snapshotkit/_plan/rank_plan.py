@@ -160,17 +160,17 @@ def fix_plan(
     local_payloads: set[int] = set()
     serialized: set[int] = set()
 
-    def take_mine(keys: list[PieceKey], payload: int) -> None:
-        for key in keys:
-            if decision.owner[key] == rank:
-                shared.append(PayloadSpan.of(payload, decision.spans[key]))
+    def take_mine(path: str, payload: int, shard_offsets: tuple[int, ...] | None = None) -> None:
+        for key, span, owner in decision.shares(path, shard_offsets):
+            if owner == rank:
+                shared.append(PayloadSpan.of(payload, span))
                 shared_keys.append(key)
 
     for path, leaf in local.leaves.items():
         key = f"{rank}/{path}"
         if isinstance(leaf, ShardedLeaf):
             for shard in leaf.boxes:
-                take_mine(decision.pieces(path, shard.box.offsets), shard.payload)
+                take_mine(path, shard.payload, shard.box.offsets)
             if rank == 0:
                 entries[key] = PendingSharded(path)
         elif path in decision.replicated:
@@ -182,7 +182,7 @@ def fix_plan(
             assert isinstance(leaf, (TensorLeaf, ObjectLeaf))
             alias = leaf.alias_of if isinstance(leaf, TensorLeaf) else None
             if alias is None:
-                take_mine(decision.pieces(path), leaf.payload)
+                take_mine(path, leaf.payload)
             if rank == 0:
                 entries[key] = PendingReplicated(alias or path, leaf)
         elif isinstance(leaf, PrimitiveEntry):
