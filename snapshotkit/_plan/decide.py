@@ -154,9 +154,7 @@ class Decision:
                 yield from self.shares(path, offsets)
 
 
-def decide(
-    infos: Sequence[RankInfo] | Gathered, *, chunk_bytes: int, partial_shards: bool = False
-) -> Decision:
+def decide(infos: Sequence[RankInfo] | Gathered, *, chunk_bytes: int, partial_shards: bool = False) -> Decision:
     """Replicated paths, sharded boxes, and the writer of every replicated or sharded piece.
 
     ``infos``: every rank's description (the exchange's :class:`~snapshotkit._plan.gathered.Gathered`

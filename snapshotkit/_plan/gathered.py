@@ -236,8 +236,12 @@ def _table(
         else:
             boxes = description.boxes
             r = np.repeat(holders, len(boxes))
-            o = np.tile(np.asarray([b.offsets for b in boxes], dtype=np.int64).reshape(len(boxes), ndim), (len(holders), 1))
-            s = np.tile(np.asarray([b.sizes for b in boxes], dtype=np.int64).reshape(len(boxes), ndim), (len(holders), 1))
+            o = np.tile(
+                np.asarray([b.offsets for b in boxes], dtype=np.int64).reshape(len(boxes), ndim), (len(holders), 1)
+            )
+            s = np.tile(
+                np.asarray([b.sizes for b in boxes], dtype=np.int64).reshape(len(boxes), ndim), (len(holders), 1)
+            )
         ranks.append(r)
         offsets.append(o)
         sizes.append(s)
@@ -259,9 +263,7 @@ def _table(
     distinct = distinct[by_first]
     grouped = np.argsort(box_of_row, kind="stable")
     holder_start = np.concatenate([[0], np.cumsum(np.bincount(box_of_row, minlength=len(distinct)))]).astype(np.int64)
-    table = BoxTable(
-        first.dtype, first.shape, distinct[:, :ndim], distinct[:, ndim:], holder_start, all_ranks[grouped]
-    )
+    table = BoxTable(first.dtype, first.shape, distinct[:, :ndim], distinct[:, ndim:], holder_start, all_ranks[grouped])
     covered = int(np.prod(table.sizes, axis=1).sum()) if len(table) else 0
     total = math.prod(first.shape)
     if covered != total and not (partial and covered < total):
@@ -270,6 +272,10 @@ def _table(
             "(overlapping or missing shards); every shard must be held by a rank of the process group"
         )
     return table
+
+
+def _rows(values: list[tuple[int, ...]], ndim: int) -> Array:
+    return np.asarray(values, dtype=np.int64).reshape(len(values), ndim)
 
 
 def _grid_rows(grid: Grid, global_ranks: Array, ranks: Array, itemsize: int, path: str) -> tuple[Array, Array, Array]:

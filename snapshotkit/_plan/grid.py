@@ -104,6 +104,14 @@ def grid_box(grid: Grid, position: int) -> Box:
     return Box(tuple(int(v) for v in boxes.offsets[0]), tuple(int(v) for v in boxes.sizes[0]))
 
 
+def is_dtensor(value: object) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return isinstance(value, DTensor)
+
+
 def dtensor_grid(value: Any) -> Grid | None:
     """The :class:`Grid` of a ``DTensor`` whose placements are all ``Shard``/``Replicate``, else None
     (``_StridedShard``, ``Partial``: described by their boxes instead)."""

@@ -76,13 +76,13 @@ def merge_results(results: Sequence[RankResult], decision: Decision, layouts: Ma
     # path -> (box offsets, piece index) -> piece: keyed by tuples, which hash in C
     sharded: dict[str, dict[tuple[tuple[int, ...], int], Piece]] = {}
     for result in results:
-        for key, piece in result.shared.items():
-            if (offsets := key.shard_offsets) is None:
-                replicated[key] = piece
-            elif (found := sharded.get(key.path)) is None:
-                sharded[key.path] = {(offsets, key.index): piece}
+        for shared_key, piece in result.shared.items():
+            if (offsets := shared_key.shard_offsets) is None:
+                replicated[shared_key] = piece
+            elif (found := sharded.get(shared_key.path)) is None:
+                sharded[shared_key.path] = {(offsets, shared_key.index): piece}
             else:
-                found[offsets, key.index] = piece
+                found[offsets, shared_key.index] = piece
 
     manifest: dict[str, Entry] = {}
     for result in results:
@@ -92,7 +92,7 @@ def merge_results(results: Sequence[RankResult], decision: Decision, layouts: Ma
         for key, entry in result.entries.items():
             if isinstance(entry, PendingReplicated):
                 template = entry.template
-                pieces = tuple(replicated[key] for key in decision.pieces(entry.source))
+                pieces = tuple(replicated[piece_key] for piece_key in decision.pieces(entry.source))
                 if isinstance(template, TensorLeaf):
                     manifest[key] = TensorEntry(template.dtype, template.shape, template.serializer, pieces, True)
                 else:
