@@ -139,14 +139,15 @@ class Decision:
     @functools.cached_property
     def owner(self) -> Mapping[PieceKey, int]:
         """The rank that writes every replicated or sharded piece (a key per piece: for tests and tools)."""
-        return {key: owner for key, _, owner in self._every_piece()}
+        return {key: owner for key, _, owner in self.every_piece()}
 
     @functools.cached_property
     def spans(self) -> Mapping[PieceKey, Span]:
         """Where every replicated or sharded piece lies within its payload. Exactly the keys of :attr:`owner`."""
-        return {key: span for key, span, _ in self._every_piece()}
+        return {key: span for key, span, _ in self.every_piece()}
 
-    def _every_piece(self) -> Iterator[tuple[PieceKey, Span, int]]:
+    def every_piece(self) -> Iterator[tuple[PieceKey, Span, int]]:
+        """Every replicated or sharded piece: its key, span and writer (a key made per piece)."""
         for key, owner in self.replicated_owner.items():
             yield key, self.replicated_spans[key], owner
         for path, sharded in self.sharded_pieces.items():
