@@ -7,11 +7,10 @@ rank's result into the manifest, assembling replicated and sharded entries from 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-
-import numpy as np
 
 from snapshotkit._format.entries import (
     DictEntry,
@@ -23,7 +22,7 @@ from snapshotkit._format.entries import (
     ShardedTensorEntry,
     TensorEntry,
 )
-from snapshotkit._plan.decide import Decision, PieceKey
+from snapshotkit._plan.decide import Decision, PieceKey, ShardedPieces
 from snapshotkit._plan.layout import PieceSlot
 from snapshotkit._plan.leaves import TensorLeaf
 from snapshotkit._plan.rank_plan import PendingObject, PendingReplicated, PendingSharded, PendingTensor, TakePlan
@@ -69,20 +68,19 @@ def merge_results(results: Sequence[RankResult], decision: Decision, layouts: Ma
     """The snapshot's manifest: every rank's entries, shared leaves assembled from all ranks' pieces.
 
     ``layouts`` maps each sharded tensor's path to its informative layout text. The work is one
-    pass over the pieces the ranks wrote and one over the distinct boxes of each sharded tensor;
-    a rank's entries without pending ones are copied as they are.
+    pass over the pieces the ranks wrote (each sharded piece put straight into its box's place)
+    and one over the distinct boxes of each sharded tensor; a rank's entries without pending
+    ones are copied as they are.
     """
     replicated: dict[PieceKey, Piece] = {}
-    # path -> (box offsets, piece index) -> piece: keyed by tuples, which hash in C
-    sharded: dict[str, dict[tuple[tuple[int, ...], int], Piece]] = {}
+    sharded = {path: _Placed.of(planned) for path, planned in decision.sharded_pieces.items()}
     for result in results:
         for shared_key, piece in result.shared.items():
             if (offsets := shared_key.shard_offsets) is None:
                 replicated[shared_key] = piece
-            elif (found := sharded.get(shared_key.path)) is None:
-                sharded[shared_key.path] = {(offsets, shared_key.index): piece}
             else:
-                found[offsets, shared_key.index] = piece
+                placed = sharded[shared_key.path]
+                placed.pieces[placed.first[placed.index[offsets]] + shared_key.index] = piece
 
     manifest: dict[str, Entry] = {}
     for result in results:
@@ -99,26 +97,44 @@ def merge_results(results: Sequence[RankResult], decision: Decision, layouts: Ma
                     (piece,) = pieces
                     manifest[key] = ObjectEntry(template.obj_type, piece, True)
             elif isinstance(entry, PendingSharded):
-                manifest[key] = _sharded_entry(decision, entry.path, sharded.get(entry.path, {}), layouts)
+                manifest[key] = sharded[entry.path].entry(layouts.get(entry.path, ""))
             else:
                 manifest[key] = entry
     return manifest
 
 
-def _sharded_entry(
-    decision: Decision, path: str, found: Mapping[tuple[tuple[int, ...], int], Piece], layouts: Mapping[str, str]
-) -> ShardedTensorEntry:
-    """A sharded tensor's entry: each distinct box, in order, with its pieces."""
-    planned = decision.sharded_pieces[path]
-    table = planned.table
-    counts = np.diff(planned.pieces.first).tolist()
-    shards = [
-        Shard(offsets, sizes, tuple(found[offsets, index] for index in range(count)))
-        if count != 1
-        else Shard(offsets, sizes, (found[offsets, 0],))
-        for offsets, sizes, count in zip(table.offset_tuples, table.size_tuples, counts, strict=True)
-    ]
-    return ShardedTensorEntry(table.dtype, table.shape, tuple(shards), layouts.get(path, ""))
+@dataclasses.dataclass(frozen=True)
+class _Placed:
+    """A sharded tensor's pieces as the ranks' results fill them in: box ``b``'s pieces go to
+    ``pieces[first[b]:first[b + 1]]`` (plain lists: this runs once per piece of the snapshot)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    index: Mapping[tuple[int, ...], int]
+    offsets: list[tuple[int, ...]]
+    sizes: list[tuple[int, ...]]
+    first: list[int]
+    pieces: list[Piece | None]
+
+    @classmethod
+    def of(cls, planned: ShardedPieces) -> _Placed:
+        table = planned.table
+        first = planned.pieces.first.tolist()
+        return cls(
+            table.dtype, table.shape, table.index, table.offset_tuples, table.size_tuples, first, [None] * first[-1]
+        )
+
+    def entry(self, layout: str) -> ShardedTensorEntry:
+        """The entry, each distinct box in order with its pieces."""
+        pieces, first = self.pieces, self.first
+        if None in pieces:  # a bug: a rank's result lacks a piece the decision gave it
+            box = bisect.bisect_right(first, pieces.index(None)) - 1
+            raise KeyError(f"no rank reported the pieces of the box at {self.offsets[box]} of a sharded tensor")
+        shards = [
+            Shard(offsets, sizes, (pieces[low],) if high - low == 1 else tuple(pieces[low:high]))  # type: ignore[arg-type]
+            for offsets, sizes, low, high in zip(self.offsets, self.sizes, first, first[1:], strict=False)
+        ]
+        return ShardedTensorEntry(self.dtype, self.shape, tuple(shards), layout)
 
 
 def merge_parts(parts: Sequence[Mapping[str, Entry]]) -> dict[str, Entry]:
