@@ -103,13 +103,14 @@ class Gathered:
         replicated_parts: list[ReplicatedPart] = []
         sharded_parts: list[Mapping[str, ShardedDescription]] = []
         replicated_of, sharded_of = [], []
+        alone = len(parts) == 1  # one rank (a take without a process group): nothing to tell apart
         for rank_parts in parts:
-            key = part_digest(encode_part(rank_parts.replicated))
+            key = b"" if alone else part_digest(encode_part(rank_parts.replicated))
             if (index := replicated.get(key)) is None:
                 index = replicated[key] = len(replicated_parts)
                 replicated_parts.append(rank_parts.replicated)
             replicated_of.append(index)
-            key = part_digest(encode_part(rank_parts.sharded))
+            key = b"" if alone else part_digest(encode_part(rank_parts.sharded))
             if (index := sharded.get(key)) is None:
                 index = sharded[key] = len(sharded_parts)
                 sharded_parts.append(rank_parts.sharded)
