@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from plan._world import PATTERNS, TAKE_ID, StateBuilder, World, worlds
@@ -153,6 +154,17 @@ def test_a_sharded_tensor_is_assembled_from_its_distinct_boxes() -> None:
     without_layout = merge_results(results, decision, {})["0/dt"]
     assert isinstance(without_layout, ShardedTensorEntry)
     assert without_layout.layout == ""
+
+
+def test_a_sharded_piece_no_rank_reported_is_named() -> None:
+    halves = [Box((0, 0), (2, 2)), Box((2, 0), (2, 2))]
+    states = [StateBuilder().sharded("dt", (4, 2), [halves[rank]]).build() for rank in range(2)]
+    decision, _, results = take(*states, chunk_bytes=64)
+    lost = RankResult(results[1].entries, {}, results[1].pending)  # rank 1's box piece went missing
+    with pytest.raises(KeyError, match=r"\(2, 0\) of 'dt'"):
+        merge_results([results[0], lost], decision, {})
+    # a rank without pending entries is copied as it is; rank 0's pending ones are assembled
+    assert not results[1].pending and results[0].pending
 
 
 # --------------------------------------------------------------------------- properties
