@@ -127,6 +127,23 @@ class Decision:
         for index in range(high - low):
             yield PieceKey(path, index, shard_offsets), Span(starts[index], ends[index]), owners[index]
 
+    @functools.cached_property
+    def sharded_starts(self) -> dict[str, int]:
+        """Path -> the position of its first piece in the decision's order of sharded pieces
+        (tensors in :attr:`sharded_pieces` order, then boxes, then pieces)."""
+        starts, at = {}, 0
+        for path, sharded in self.sharded_pieces.items():
+            starts[path] = at
+            at += len(sharded.owner)
+        return starts
+
+    def sharded_position(self, key: PieceKey) -> int:
+        """The position of a sharded piece in the decision's order (see :attr:`sharded_starts`)."""
+        assert key.shard_offsets is not None
+        sharded = self.sharded_pieces[key.path]
+        box = sharded.table.index[key.shard_offsets]
+        return self.sharded_starts[key.path] + int(sharded.pieces.first[box]) + key.index
+
     def pieces(self, path: str, shard_offsets: tuple[int, ...] | None = None) -> list[PieceKey]:
         """The keys of every piece of the replicated leaf, or shard box, at ``path``, in order."""
         return [key for key, _, _ in self.shares(path, shard_offsets)]

@@ -11,6 +11,9 @@ import bisect
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
 
 from snapshotkit._format.entries import (
     DictEntry,
@@ -35,12 +38,17 @@ class RankResult:
     the pieces of replicated and sharded leaves it wrote.
 
     ``pending``: whether ``entries`` holds pending shared entries (only rank 0's do); a result
-    without them goes into the manifest as it is.
+    without them goes into the manifest as it is. ``ordered``: ``shared`` holds the rank's
+    replicated pieces first, then its sharded ones in the decision's order (as
+    :attr:`~snapshotkit._plan.rank_plan.TakePlan.shared_slots` lists them), so the merge places
+    them by position instead of by key; ``rank`` names the rank (-1: unknown).
     """
 
     entries: Mapping[str, Entry | PendingReplicated | PendingSharded]
     shared: Mapping[PieceKey, Piece]
     pending: bool = dataclasses.field(default=True, compare=False)
+    ordered: bool = dataclasses.field(default=False, compare=False)
+    rank: int = dataclasses.field(default=-1, compare=False)
 
 
 def finish_rank(plan: TakePlan, written: Mapping[PieceSlot, Piece]) -> RankResult:
@@ -61,33 +69,21 @@ def finish_rank(plan: TakePlan, written: Mapping[PieceSlot, Piece]) -> RankResul
             entries[key] = entry
             pending = pending or isinstance(entry, (PendingReplicated, PendingSharded))
     shared = {key: written[slot] for key, slot in plan.shared_slots.items()}
-    return RankResult(entries, shared, pending)
+    return RankResult(entries, shared, pending, ordered=True, rank=plan.rank)
 
 
 def merge_results(results: Sequence[RankResult], decision: Decision, layouts: Mapping[str, str]) -> dict[str, Entry]:
     """The snapshot's manifest: every rank's entries, shared leaves assembled from all ranks' pieces.
 
-    ``layouts`` maps each sharded tensor's path to its informative layout text. The work is one
-    pass over the pieces the ranks wrote (each sharded piece put straight into its box's place)
-    and one over the distinct boxes of each sharded tensor; a rank's entries without pending
-    ones are copied as they are.
+    ``layouts`` maps each sharded tensor's path to its informative layout text. The ranks' sharded
+    pieces are placed by position (one permutation of them all, from the decision's owners) when
+    every result is :attr:`~RankResult.ordered`, else by key; then each sharded tensor's distinct
+    boxes are made once. A rank's entries without pending ones are copied as they are.
     """
     replicated: dict[PieceKey, Piece] = {}
     sharded = {path: _Placed.of(planned) for path, planned in decision.sharded_pieces.items()}
-    # path -> (pieces, first, index) of its _Placed: tuples unpack faster than attributes are read
-    slots = {path: (placed.pieces, placed.first, placed.index) for path, placed in sharded.items()}
-    reported = 0
-    for result in results:
-        reported += len(result.shared)
-        for shared_key, piece in result.shared.items():
-            if (offsets := shared_key.shard_offsets) is None:
-                replicated[shared_key] = piece
-                reported -= 1
-            else:
-                placed_pieces, first, index = slots[shared_key.path]
-                placed_pieces[first[index[offsets]] + shared_key.index] = piece
-    if reported != sum(len(placed.pieces) for placed in sharded.values()):
-        _missing(sharded)
+    if not _place_in_order(results, decision, replicated, sharded):
+        _place_by_key(results, replicated, sharded)
 
     manifest: dict[str, Entry] = {}
     for result in results:
@@ -108,6 +104,72 @@ def merge_results(results: Sequence[RankResult], decision: Decision, layouts: Ma
             else:
                 manifest[key] = entry
     return manifest
+
+
+def _place_in_order(
+    results: Sequence[RankResult],
+    decision: Decision,
+    replicated: dict[PieceKey, Piece],
+    sharded: Mapping[str, _Placed],
+) -> bool:
+    """Place every rank's pieces by position: its replicated pieces first, then its sharded ones,
+    which are, in the decision's order, the pieces the decision gave it. False (nothing placed)
+    unless every result is :attr:`~RankResult.ordered` and holds exactly the pieces it was given."""
+    owners = [planned.owner for planned in decision.sharded_pieces.values()]
+    owner = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64)
+    results = sorted(results, key=lambda result: result.rank)  # the results may come in any order
+    if not all(result.ordered and result.rank == rank for rank, result in enumerate(results)):
+        return False
+    if len(owner) and int(owner.max()) >= len(results):
+        return False
+    sharded_counts = np.bincount(owner, minlength=len(results)).tolist()
+    replicated_counts = [0] * len(results)
+    for rank in decision.replicated_owner.values():
+        if rank < len(results):
+            replicated_counts[rank] += 1
+    if any(len(result.shared) != replicated_counts[rank] + sharded_counts[rank] for rank, result in enumerate(results)):
+        return False
+    reported: list[Piece] = []
+    for rank, result in enumerate(results):
+        pieces = list(result.shared.items())
+        replicated.update(pieces[: replicated_counts[rank]])
+        reported.extend(piece for _, piece in pieces[replicated_counts[rank] :])
+    # the decision's sharded pieces grouped by writer (ranks ascending, each in the decision's
+    # order) are exactly the ranks' reports one after the other
+    placed = np.empty(len(owner), dtype=object)
+    placed[np.argsort(owner, kind="stable")] = _objects(reported)
+    at = 0
+    for target in sharded.values():
+        count = len(target.pieces)
+        target.pieces[:] = placed[at : at + count].tolist()
+        at += count
+    return True
+
+
+def _objects(values: list[Piece]) -> np.ndarray[Any, Any]:
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def _place_by_key(
+    results: Sequence[RankResult], replicated: dict[PieceKey, Piece], sharded: Mapping[str, _Placed]
+) -> None:
+    """Place every rank's pieces by their keys (results in any order)."""
+    # path -> (pieces, first, index) of its _Placed: tuples unpack faster than attributes are read
+    slots = {path: (placed.pieces, placed.first, placed.index) for path, placed in sharded.items()}
+    reported = 0
+    for result in results:
+        reported += len(result.shared)
+        for shared_key, piece in result.shared.items():
+            if (offsets := shared_key.shard_offsets) is None:
+                replicated[shared_key] = piece
+                reported -= 1
+            else:
+                placed_pieces, first, index = slots[shared_key.path]
+                placed_pieces[first[index[offsets]] + shared_key.index] = piece
+    if reported != sum(len(placed.pieces) for placed in sharded.values()):
+        _missing(sharded)
 
 
 def _missing(sharded: Mapping[str, _Placed]) -> None:

@@ -81,7 +81,8 @@ class TakePlan:
         entries: manifest key (``"<rank>/<logical path>"``) -> entry or pending entry.
         data_objects: the data objects to write, in order (a slot's ``object_index`` indexes them).
         slots: rank-local payload index -> the slots holding its pieces, in order.
-        shared_slots: replicated/sharded piece -> its slot, for the pieces this rank writes.
+        shared_slots: replicated/sharded piece -> its slot, for the pieces this rank writes:
+            replicated pieces first, then sharded ones in the decision's order.
     """
 
     rank: int
@@ -200,6 +201,14 @@ def fix_plan(
         for index in sorted(local_payloads)
         for span in split_payload(local.payloads[index].nbytes, local.payloads[index].itemsize, chunk_bytes)
     ]
+    # IMPORTANT: the shared pieces in the decision's order (replicated ones, then sharded ones by
+    # Decision.sharded_position): merge_results places a rank's sharded pieces by that order alone.
+    order = sorted(
+        range(len(shared_keys)),
+        key=lambda i: -1 if (key := shared_keys[i]).shard_offsets is None else decision.sharded_position(key),
+    )
+    shared = [shared[i] for i in order]
+    shared_keys = [shared_keys[i] for i in order]
     # Rank-local pieces first, then the shared ones: slot i is piece i.
     packed = pack_pieces(local_pieces + shared, rank=rank, take_id="", data_object_bytes=data_object_bytes)
     per_payload: dict[int, list[PieceSlot]] = {index: [] for index in local_payloads}

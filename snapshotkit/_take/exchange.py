@@ -166,6 +166,11 @@ def exchange_descriptions(
         rank's (with ``consequence`` in its message); :class:`~snapshotkit.errors.RankFailedError`
         or :class:`~snapshotkit.errors.CollectiveTimeoutError` when a rank is lost.
     """
+    if not group.distributed:
+        if error is not None:
+            raise error
+        assert info is not None
+        return Exchanged(Gathered.of_parts([RankParts.of(info)], group.member_ranks()), 0)
     if error is not None:
         encoded = None
         mine = FAILED
@@ -173,11 +178,6 @@ def exchange_descriptions(
         assert info is not None
         encoded = Encoded.of(info)
         mine = encoded.header
-    if not group.distributed:
-        if error is not None:
-            raise error
-        assert info is not None
-        return Exchanged(Gathered.of_parts([RankParts.of(info)], group.member_ranks()), 0)
     headers = [Header.of_int64(values) for values in group.all_gather_int64(mine.to_int64(), what)]
     if any(header.failed for header in headers):
         # every rank raises here: the failing rank its own error, the others a RankFailedError
