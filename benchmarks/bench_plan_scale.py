@@ -274,7 +274,8 @@ def rank_result(world: World, plan: TakePlan, decision: Decision, rank: int) -> 
         )
         for i in range(world.local)
     }
-    return RankResult(entries, {}, pending=False)  # as finish_rank reports a rank other than 0
+    # as finish_rank reports a rank other than 0 (add_shared_pieces adds its pieces, in the decision's order)
+    return RankResult(entries, {}, pending=False, ordered=True, rank=rank)
 
 
 def add_shared_pieces(results: list[RankResult], decision: Decision) -> None:

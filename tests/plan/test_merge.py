@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -188,6 +189,9 @@ def test_the_manifest_holds_every_leaf_and_every_written_byte_once(world: World)
     results = [finish_rank(plan, checksums_of(plan)) for plan in plans]
     manifest = merge_results(results, decision, {})
     assert merge_results(results[::-1], decision, {}) == manifest  # what each rank reports, not when
+    assert all(result.ordered for result in results)  # placed by position: the same as by key
+    by_key = [dataclasses.replace(result, ordered=False) for result in results]
+    assert merge_results(by_key, decision, {}) == manifest
     assert set(manifest) == {key for plan in plans for key in plan.entries}
     assert not any(isinstance(entry, (PendingReplicated, PendingSharded)) for entry in manifest.values())
 
