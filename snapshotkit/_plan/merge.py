@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
+import operator
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -131,25 +132,23 @@ def _place_in_order(
         return False
     reported: list[Piece] = []
     for rank, result in enumerate(results):
-        pieces = list(result.shared.items())
-        replicated.update(pieces[: replicated_counts[rank]])
-        reported.extend(piece for _, piece in pieces[replicated_counts[rank] :])
-    # the decision's sharded pieces grouped by writer (ranks ascending, each in the decision's
-    # order) are exactly the ranks' reports one after the other
-    placed = np.empty(len(owner), dtype=object)
-    placed[np.argsort(owner, kind="stable")] = _objects(reported)
+        if replicated_counts[rank]:
+            replicated.update(itertools.islice(result.shared.items(), replicated_counts[rank]))
+        reported.extend(itertools.islice(result.shared.values(), replicated_counts[rank], None))
+    # The decision's sharded pieces grouped by writer (ranks ascending, each in the decision's
+    # order) are exactly the ranks' reports one after the other: piece i of the decision is
+    # reported[where[i]].
+    where = np.empty(len(owner), dtype=np.int64)
+    where[np.argsort(owner, kind="stable")] = np.arange(len(owner))
     at = 0
     for target in sharded.values():
         count = len(target.pieces)
-        target.pieces[:] = placed[at : at + count].tolist()
+        if count == 1:
+            target.pieces[0] = reported[int(where[at])]
+        elif count:
+            target.pieces[:] = operator.itemgetter(*where[at : at + count].tolist())(reported)
         at += count
     return True
-
-
-def _objects(values: list[Piece]) -> np.ndarray[Any, Any]:
-    array = np.empty(len(values), dtype=object)
-    array[:] = values
-    return array
 
 
 def _place_by_key(
