@@ -15,16 +15,21 @@ Each rank holds --entries entries, a mix of (default counts per rank):
   box per rank, which only that rank can write;
 * rank-local (200): 1 MiB each (per-rank optimizer/RNG state), in ``total_bytes`` only.
 
-Measured: ``decide`` over all infos (time, peak RSS over the baseline with the infos already in
+Each rank's description is encoded as the first take's exchange sends it
+(``snapshotkit/_take/exchange.py``: a fixed-size header, then each distinct part once; the
+sharded tensors described by their mesh and placements, a ``Grid``), and ``decide`` runs on the
+view a rank receives (``Gathered``).
+
+Measured: ``decide`` over that view (time, peak RSS over the baseline with the inputs already in
 memory), ``plan_rank`` for a sample of ranks, ``merge_results`` on rank 0 (every rank's result,
 rank-local entries included), the bytes each rank writes (max / mean), and for a restore onto
 --reshard-ranks ranks the read planning of sampled new ranks: for every sharded entry, the
 stored shards and pieces overlapping each destination box, then the ranged reads
 (``overlap`` / ``piece_boxes`` / ``plan_read_batches``, the steps the restore's placer takes).
 
-Identical immutable values (a replicated leaf's signature, a box's description) are one object
-shared by the ranks that hold them, as an interning unpickler would make them; every rank has
-its own dicts. The pickled size of one RankInfo is reported: each rank receives ranks x that.
+``take.infos.all_gather_bytes_per_rank`` is every byte the rank receiving the most receives in
+the first take's exchange (the headers of every rank plus each distinct part it does not hold),
+computed by the exchange's own accounting from the encoded descriptions.
 
 Method and results: docs/benchmarks.md ("Planning at scale").
 """
@@ -39,9 +44,10 @@ import pickle
 import random
 import sys
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+import numpy as np
 from _harness import Record, cli
 from _harness import measure as M
 from _harness import report as R
@@ -51,6 +57,8 @@ from snapshotkit._format.entries import ShardedTensorEntry, TensorEntry
 from snapshotkit._format.pieces import Piece
 from snapshotkit._format.sharded import Box, overlap, piece_boxes
 from snapshotkit._plan.decide import Decision, decide
+from snapshotkit._plan.gathered import Gathered
+from snapshotkit._plan.grid import REPLICATE, Grid
 from snapshotkit._plan.layout import ALIGNMENT_BYTES
 from snapshotkit._plan.leaves import (
     LeafSignature,
@@ -66,6 +74,7 @@ from snapshotkit._plan.merge import RankResult, merge_results
 from snapshotkit._plan.rank_plan import TakePlan, plan_rank
 from snapshotkit._plan.reads import RangeRequest, plan_read_batches
 from snapshotkit._runtime.gc import gc_paused
+from snapshotkit._take.exchange import Distinct, Encoded, header_bytes
 
 T = TypeVar("T")
 TP = 8  # tensor-parallel group size
@@ -115,28 +124,67 @@ def fsdp_box(rank: int, rows: int = FSDP_ROWS) -> Box:
 
 
 # ------------------------------------------------------------------ inputs
-def build_infos(world: World) -> list[RankInfo]:
-    """Every rank's RankInfo (see the module docstring for what is shared between ranks)."""
+def build_infos(world: World) -> Iterator[RankInfo]:
+    """Every rank's RankInfo, rank by rank: DTensors described by their grid (the same on every rank)."""
     signatures = {
         f"model/norm{i}.weight": LeafSignature("tensor", "float32", shape, "raw", math.prod(shape) * 4)
         for i in range(world.replicated)
         for shape in [replicated_shape(i)]
     }
-    tp_descriptions = [
-        {f"tp/layer{i}.weight": ShardedDescription("bfloat16", tp_shape(), (tp_box(index),)) for i in range(world.tp)}
-        for index in range(TP)
-    ]
-    shape = fsdp_shape(world.ranks)
+    ranks = tuple(range(world.ranks))
+    tp_grid = Grid((world.ranks // TP, TP), ranks, (REPLICATE, 0), tp_shape())
+    fsdp_grid = Grid((world.ranks,), ranks, (0,), fsdp_shape(world.ranks))
     replicated_bytes = sum(s.nbytes for s in signatures.values())
     total_bytes = replicated_bytes + world.local * LOCAL_BYTES
-    infos = []
-    for rank in range(world.ranks):
-        shards = dict(tp_descriptions[rank % TP])
-        box = fsdp_box(rank)
+    for _ in range(world.ranks):
+        shards = {
+            f"tp/layer{i}.weight": ShardedDescription("bfloat16", tp_shape(), (), tp_grid) for i in range(world.tp)
+        }
         for i in range(world.fsdp):
-            shards[f"optim/fsdp{i}.exp_avg"] = ShardedDescription("float32", shape, (box,))
-        infos.append(RankInfo("/ckpt", ("model/*",), dict(signatures), shards, total_bytes, TAKE_ID))
-    return infos
+            shards[f"optim/fsdp{i}.exp_avg"] = ShardedDescription("float32", fsdp_grid.shape, (), fsdp_grid)
+        yield RankInfo("/ckpt", ("model/*",), dict(signatures), shards, total_bytes, TAKE_ID)
+
+
+@dataclasses.dataclass(frozen=True)
+class Received:
+    """What the exchange delivers (the view every rank decides on) and what it cost."""
+
+    gathered: Gathered
+    max_received_bytes: int
+    distinct_parts: int
+    encoded_bytes: int  # one rank's two parts
+
+
+def exchange_view(infos: Iterable[RankInfo]) -> Received:
+    """Each rank encodes its description (header and parts, as ``exchange_descriptions`` does);
+    the distinct parts are decoded once, as a receiving rank decodes them. Only the headers and
+    the distinct parts are kept (every rank's would not fit this machine's memory)."""
+    headers = []
+    parts: dict[bytes, bytes] = {}  # digest -> the part
+    encoded_bytes = 0
+    for rank, info in enumerate(infos):
+        encoded = Encoded.of(info)
+        headers.append(encoded.header)
+        parts.setdefault(encoded.header.replicated_digest, encoded.replicated)
+        parts.setdefault(encoded.header.sharded_digest, encoded.sharded)
+        if rank == 1:
+            encoded_bytes = len(encoded.replicated) + len(encoded.sharded)
+    replicated = Distinct.of_headers([h.replicated_digest for h in headers], [h.replicated_bytes for h in headers])
+    sharded = Distinct.of_headers([h.sharded_digest for h in headers], [h.sharded_bytes for h in headers])
+    ranks = len(headers)
+    received = [
+        header_bytes(ranks) + replicated.received_bytes(rank, ranks) + sharded.received_bytes(rank, ranks)
+        for rank in (0, ranks - 1)  # the extremes: a rank that sources every part, one that sources none
+    ]
+    gathered = Gathered(
+        np.asarray([h.total_bytes for h in headers], dtype=np.int64),
+        tuple(pickle.loads(parts[headers[source].replicated_digest]) for source in replicated.sources),
+        np.asarray(replicated.of, dtype=np.int64),
+        tuple(pickle.loads(parts[headers[source].sharded_digest]) for source in sharded.sources),
+        np.asarray(sharded.of, dtype=np.int64),
+        np.arange(ranks, dtype=np.int64),
+    )
+    return Received(gathered, max(received), len(replicated.sources) + len(sharded.sources), encoded_bytes)
 
 
 def local_state(world: World, rank: int) -> LocalState:
@@ -184,15 +232,17 @@ def traced_peak(op: Callable[[], object]) -> int:
             tracemalloc.stop()
 
 
-def rank_loads(infos: list[RankInfo], decision: Decision) -> list[int]:
+def rank_loads(gathered: Gathered, decision: Decision) -> list[int]:
     """Bytes each rank writes: its rank-local bytes plus the replicated/sharded pieces it owns."""
-    loads = [info.total_bytes for info in infos]
+    loads = gathered.total_bytes.copy()
     for path in decision.replicated:
-        for rank, info in enumerate(infos):
-            loads[rank] -= info.candidates[path].nbytes
-    for key, rank in decision.owner.items():
-        loads[rank] += decision.spans[key].nbytes
-    return loads
+        for index, part in enumerate(gathered.replicated_parts):
+            loads[gathered.replicated_of == index] -= part.candidates[path].nbytes
+    for key, rank in decision.replicated_owner.items():
+        loads[rank] += decision.replicated_spans[key].nbytes
+    for sharded in decision.sharded_pieces.values():
+        np.add.at(loads, sharded.owner, sharded.pieces.end - sharded.pieces.start)
+    return [int(load) for load in loads]
 
 
 def sample_ranks(ranks: int, count: int) -> list[int]:
@@ -224,26 +274,27 @@ def rank_result(world: World, plan: TakePlan, decision: Decision, rank: int) -> 
         )
         for i in range(world.local)
     }
-    return RankResult(entries, {})
+    # as finish_rank reports a rank other than 0 (add_shared_pieces adds its pieces, in the decision's order)
+    return RankResult(entries, {}, pending=False, ordered=True, rank=rank)
 
 
 def add_shared_pieces(results: list[RankResult], decision: Decision) -> None:
-    for key, rank in decision.owner.items():
-        span = decision.spans[key]
+    for key, span, rank in decision.every_piece():
         shared = results[rank].shared
         assert isinstance(shared, dict)
         shared[key] = Piece(f"data/{rank}_00001_{TAKE_ID}", (0, span.nbytes), CHECKSUM)
 
 
 # ----------------------------------------------------------------- parts
-def part_take(world: World, samples: int, trace: bool) -> tuple[Record, Decision, list[RankInfo]]:
-    infos, built = measured(lambda: build_infos(world))
-    R.progress(f"[take] {world.ranks} infos built in {built['time_s']:.1f} s")
-    decision, deciding = measured(lambda: decide(infos, chunk_bytes=world.chunk_bytes))
+def part_take(world: World, samples: int, trace: bool) -> tuple[Record, Decision]:
+    received, built = measured(lambda: exchange_view(build_infos(world)))
+    gathered = received.gathered
+    R.progress(f"[take] {world.ranks} descriptions built and encoded in {built['time_s']:.1f} s")
+    decision, deciding = measured(lambda: decide(gathered, chunk_bytes=world.chunk_bytes))
     R.progress(f"[take] decide {deciding['cpu_s']:.2f} s cpu")
     if trace:
-        deciding["traced_peak_bytes"] = traced_peak(lambda: decide(infos, chunk_bytes=world.chunk_bytes))
-    loads = rank_loads(infos, decision)
+        deciding["traced_peak_bytes"] = traced_peak(lambda: decide(gathered, chunk_bytes=world.chunk_bytes))
+    loads = rank_loads(gathered, decision)
     mean = sum(loads) / len(loads)
     plans: list[Record] = []
     for rank in sample_ranks(world.ranks, samples):
@@ -276,14 +327,16 @@ def part_take(world: World, samples: int, trace: bool) -> tuple[Record, Decision
     record: Record = {
         "infos": {
             **built,
-            "pickled_rank_info_bytes": len(pickle.dumps(infos[1])),
-            "all_gather_bytes_per_rank": len(pickle.dumps(infos[1])) * world.ranks,
+            "pickled_rank_info_bytes": received.encoded_bytes,
+            "header_bytes_per_rank": header_bytes(world.ranks),
+            "distinct_parts": received.distinct_parts,
+            "all_gather_bytes_per_rank": received.max_received_bytes,
         },
         "decide": {
             **deciding,
-            "pieces": len(decision.owner),
-            "sharded_tensors": len(decision.sharded),
-            "distinct_boxes": sum(len(d.boxes) for d in decision.sharded.values()),
+            "pieces": len(decision.replicated_owner) + sum(len(p.owner) for p in decision.sharded_pieces.values()),
+            "sharded_tensors": len(decision.sharded_pieces),
+            "distinct_boxes": sum(len(p.table) for p in decision.sharded_pieces.values()),
             "replicated": len(decision.replicated),
         },
         "plan_rank": plans,
@@ -295,7 +348,7 @@ def part_take(world: World, samples: int, trace: bool) -> tuple[Record, Decision
             "min_over_mean": min(loads) / mean,
         },
     }
-    return record, decision, infos
+    return record, decision
 
 
 def part_merge(world: World, decision: Decision) -> tuple[Record, dict[str, Any]]:
@@ -385,9 +438,10 @@ def render(report: Record) -> str:
         R.machine_line(report["machine"], fs=False),
         f"world: {w['ranks']} ranks x {w['entries']} entries ({w['replicated']} replicated, {w['tp']} TP-sharded, "
         f"{w['fsdp']} fully sharded, {w['local']} rank-local), chunk {R.fmt_bytes(w['chunk_bytes'])}; one core",
-        f"inputs: built in {i['time_s']:.1f} s, RSS +{R.fmt_bytes(i['peak_rss_over_baseline_bytes'])}; "
-        f"one pickled RankInfo {R.fmt_bytes(i['pickled_rank_info_bytes'])} "
-        f"(x ranks = {R.fmt_bytes(i['all_gather_bytes_per_rank'])} received by every rank)",
+        f"inputs: built and encoded in {i['time_s']:.1f} s, RSS +{R.fmt_bytes(i['peak_rss_over_baseline_bytes'])}; "
+        f"one rank's description {R.fmt_bytes(i['pickled_rank_info_bytes'])}, {i['distinct_parts']} distinct parts; "
+        f"the exchange: {R.fmt_bytes(i['header_bytes_per_rank'])} of headers, "
+        f"{R.fmt_bytes(i['all_gather_bytes_per_rank'])} received in all by a rank (at most)",
         f"decide: {d['cpu_s']:.2f} s cpu ({d['time_s']:.2f} s wall), "
         f"peak RSS +{R.fmt_bytes(d['peak_rss_over_baseline_bytes'])}"
         + (f", tracemalloc peak {R.fmt_bytes(d['traced_peak_bytes'])}" if "traced_peak_bytes" in d else "")
@@ -481,8 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         args=vars(args),
         world={**dataclasses.asdict(world), "entries": world.entries},
     )
-    report["take"], decision, infos = part_take(world, args.samples, args.tracemalloc)
-    del infos
+    report["take"], decision = part_take(world, args.samples, args.tracemalloc)
     if not args.no_merge:
         report["merge"], manifest = part_merge(world, decision)
         report["reshard"] = part_reshard(world, manifest, args.reshard_ranks, args.samples)

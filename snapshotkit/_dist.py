@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from snapshotkit.errors import CollectiveTimeoutError, ConfigError, RankFailedError
+from snapshotkit.errors import CollectiveTimeoutError, ConfigError, RankFailedError, SnapshotkitError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +175,76 @@ class Group:
         tensor = torch.tensor(values, dtype=torch.int64, device=self._device())
         self._wait(dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.pg, async_op=True), what)
         return [int(v) for v in tensor.tolist()]
+
+    # ------------------------------------------------------------------ the first take's exchange
+    # (snapshotkit/_take/exchange.py: a fixed-size header from every rank, then each distinct
+    # description once, from the lowest rank holding it)
+
+    def member_ranks(self) -> list[int]:
+        """The global rank of each rank of this group, in group order (a DTensor's mesh names global ranks)."""
+        if self.pg is None:
+            return list(range(self.world_size))
+        import torch.distributed as dist
+
+        return [int(r) for r in dist.get_process_group_ranks(self.pg)]
+
+    def all_gather_int64(self, values: Sequence[int], what: str) -> list[list[int]]:
+        """Every rank's ``values`` (the same count of int64 on every rank), in rank order: one
+        all-gather of ``8 * len(values)`` bytes from each rank."""
+        if not self.distributed:
+            return [list(values)]
+        import torch
+        import torch.distributed as dist
+
+        device = self._device()
+        mine = torch.tensor(list(values), dtype=torch.int64, device=device)
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        self._wait_for_peers(dist.all_gather(gathered, mine, group=self.pg, async_op=True), what)
+        return [t.tolist() for t in gathered]
+
+    def broadcast_bytes(self, data: bytes | None, nbytes: int, source: int, what: str) -> bytes:
+        """Rank ``source``'s ``data`` (``nbytes`` long; other ranks pass None), on every rank."""
+        if not self.distributed:
+            assert data is not None
+            return data
+        import torch
+        import torch.distributed as dist
+
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        if self.rank == source:
+            assert data is not None
+            assert len(data) == nbytes
+            if nbytes:
+                buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        tensor = buffer.to(self._device())
+        self._wait_for_peers(dist.broadcast(tensor, group_src=source, group=self.pg, async_op=True), what)
+        return bytes(tensor.cpu().numpy().tobytes()) if self.rank != source else bytes(data or b"")
+
+    def all_gather_bytes(self, data: bytes, what: str) -> list[bytes]:
+        """Every rank's ``data`` (:meth:`all_gather_object`, a lost rank reported as one)."""
+        try:
+            return self.all_gather_object(data, what)
+        except SnapshotkitError:
+            raise
+        except RuntimeError as exc:
+            raise self._peer_lost(exc, what) from exc
+
+    def _wait_for_peers(self, work: Any, what: str) -> None:
+        """:meth:`_wait`, with a connection to a rank lost (gloo: "Connection closed by peer")
+        raised as a :class:`~snapshotkit.errors.RankFailedError`, not torch's ``RuntimeError``."""
+        try:
+            self._wait(work, what)
+        except SnapshotkitError:
+            raise
+        except RuntimeError as exc:
+            raise self._peer_lost(exc, what) from exc
+
+    def _peer_lost(self, exc: BaseException, what: str) -> RankFailedError:
+        return RankFailedError(
+            f"{what}: rank {self.rank} of {self.world_size} lost another rank in the middle of the exchange "
+            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); a rank crashed or was killed. "
+            "Nothing was written; take the snapshot again once every rank runs"
+        )
 
     # ------------------------------------------------------------------ the exchange
 

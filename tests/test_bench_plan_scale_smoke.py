@@ -16,6 +16,15 @@ def test_bench_plan_scale_smoke(tmp_path: Path) -> None:
     assert (world["ranks"], world["entries"]) == (64, 100)
     assert take["decide"]["cpu_s"] > 0 and take["decide"]["traced_peak_bytes"] > 0
     assert take["decide"]["replicated"] == world["replicated"]
+    # every rank describes its state alike (DTensors by their grid): headers plus two parts, once
+    infos = take["infos"]
+    assert infos["distinct_parts"] == 2
+    assert infos["header_bytes_per_rank"] == 64 * world["ranks"]
+    assert (
+        infos["header_bytes_per_rank"]
+        < infos["all_gather_bytes_per_rank"]
+        < 2 * infos["pickled_rank_info_bytes"] + infos["header_bytes_per_rank"]
+    )
     # each fully sharded tensor has a box per rank, each TP tensor one per TP rank
     assert take["decide"]["distinct_boxes"] == world["fsdp"] * world["ranks"] + world["tp"] * 8
     assert all(plan["consistent"] for plan in take["plan_rank"])  # plan_rank writes what decide gave the rank

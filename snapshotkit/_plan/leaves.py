@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from snapshotkit._format.entries import ContainerEntry, PrimitiveEntry
 from snapshotkit._format.serialization import is_zero_copy_source
 from snapshotkit._format.sharded import Box
+from snapshotkit._plan.grid import Grid
 from snapshotkit._plan.partition import matches_any
 
 if TYPE_CHECKING:
@@ -80,12 +81,17 @@ class ShardBox:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ShardedLeaf:
-    """The local boxes of a ``DTensor``/``ShardedTensor`` of global ``dtype`` and ``shape``."""
+    """The local boxes of a ``DTensor``/``ShardedTensor`` of global ``dtype`` and ``shape``.
+
+    ``grid``: a ``DTensor``'s mesh and placements, when they give exactly ``boxes`` on this rank
+    (checked where the leaf is described): the ranks then describe it to each other by the grid.
+    """
 
     dtype: str
     shape: tuple[int, ...]
     layout: str
     boxes: tuple[ShardBox, ...]
+    grid: Grid | None = None
 
 
 Leaf = TensorLeaf | ObjectLeaf | ShardedLeaf | PrimitiveEntry
@@ -136,11 +142,17 @@ def signature(local: LocalState, leaf: Leaf) -> LeafSignature:
 
 @dataclasses.dataclass(frozen=True)
 class ShardedDescription:
-    """A sharded tensor as the ranks describe it: global dtype and shape, and boxes."""
+    """A sharded tensor as the ranks describe it: global dtype and shape, and boxes.
+
+    In a :class:`RankInfo`, a ``grid`` (then ``boxes`` is empty) stands for the boxes the grid
+    gives the rank (:mod:`snapshotkit._plan.grid`, split as a take stores them): the same
+    description on every rank of the mesh.
+    """
 
     dtype: str
     shape: tuple[int, ...]
     boxes: tuple[Box, ...]
+    grid: Grid | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,9 +181,14 @@ def rank_info(local: LocalState, path: str, patterns: Sequence[str], take_id: st
     candidates: dict[str, LeafSignature] = {}
     shards: dict[str, ShardedDescription] = {}
     sharded_payloads: set[int] = set()
+    grids: dict[Grid, Grid] = {}  # equal grids as one object: pickled once (the pickler's memo)
     for leaf_path, leaf in local.leaves.items():
         if isinstance(leaf, ShardedLeaf):
-            shards[leaf_path] = ShardedDescription(leaf.dtype, leaf.shape, tuple(b.box for b in leaf.boxes))
+            if leaf.grid is not None:
+                grid = grids.setdefault(leaf.grid, leaf.grid)
+                shards[leaf_path] = ShardedDescription(leaf.dtype, leaf.shape, (), grid)
+            else:
+                shards[leaf_path] = ShardedDescription(leaf.dtype, leaf.shape, tuple(b.box for b in leaf.boxes))
             sharded_payloads.update(b.payload for b in leaf.boxes)
         elif patterns and matches_any(leaf_path, patterns):
             candidates[leaf_path] = signature(local, leaf)

@@ -81,7 +81,8 @@ class TakePlan:
         entries: manifest key (``"<rank>/<logical path>"``) -> entry or pending entry.
         data_objects: the data objects to write, in order (a slot's ``object_index`` indexes them).
         slots: rank-local payload index -> the slots holding its pieces, in order.
-        shared_slots: replicated/sharded piece -> its slot, for the pieces this rank writes.
+        shared_slots: replicated/sharded piece -> its slot, for the pieces this rank writes:
+            replicated pieces first, then sharded ones in the decision's order.
     """
 
     rank: int
@@ -160,17 +161,17 @@ def fix_plan(
     local_payloads: set[int] = set()
     serialized: set[int] = set()
 
-    def take_mine(keys: list[PieceKey], payload: int) -> None:
-        for key in keys:
-            if decision.owner[key] == rank:
-                shared.append(PayloadSpan.of(payload, decision.spans[key]))
+    def take_mine(path: str, payload: int, shard_offsets: tuple[int, ...] | None = None) -> None:
+        for key, span, owner in decision.shares(path, shard_offsets):
+            if owner == rank:
+                shared.append(PayloadSpan.of(payload, span))
                 shared_keys.append(key)
 
     for path, leaf in local.leaves.items():
         key = f"{rank}/{path}"
         if isinstance(leaf, ShardedLeaf):
             for shard in leaf.boxes:
-                take_mine(decision.pieces(path, shard.box.offsets), shard.payload)
+                take_mine(path, shard.payload, shard.box.offsets)
             if rank == 0:
                 entries[key] = PendingSharded(path)
         elif path in decision.replicated:
@@ -182,7 +183,7 @@ def fix_plan(
             assert isinstance(leaf, (TensorLeaf, ObjectLeaf))
             alias = leaf.alias_of if isinstance(leaf, TensorLeaf) else None
             if alias is None:
-                take_mine(decision.pieces(path), leaf.payload)
+                take_mine(path, leaf.payload)
             if rank == 0:
                 entries[key] = PendingReplicated(alias or path, leaf)
         elif isinstance(leaf, PrimitiveEntry):
@@ -200,6 +201,14 @@ def fix_plan(
         for index in sorted(local_payloads)
         for span in split_payload(local.payloads[index].nbytes, local.payloads[index].itemsize, chunk_bytes)
     ]
+    # IMPORTANT: the shared pieces in the decision's order (replicated ones, then sharded ones by
+    # Decision.sharded_position): merge_results places a rank's sharded pieces by that order alone.
+    order = sorted(
+        range(len(shared_keys)),
+        key=lambda i: -1 if (key := shared_keys[i]).shard_offsets is None else decision.sharded_position(key),
+    )
+    shared = [shared[i] for i in order]
+    shared_keys = [shared_keys[i] for i in order]
     # Rank-local pieces first, then the shared ones: slot i is piece i.
     packed = pack_pieces(local_pieces + shared, rank=rank, take_id="", data_object_bytes=data_object_bytes)
     per_payload: dict[int, list[PieceSlot]] = {index: [] for index in local_payloads}

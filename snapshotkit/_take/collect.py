@@ -21,6 +21,7 @@ from snapshotkit._format.entries import ContainerEntry, PrimitiveEntry, escape_k
 from snapshotkit._format.serialization import RAW, Serialized, dtype_name, serialize_object, tensor_serializer
 from snapshotkit._format.sharded import LocalChunks, box_slice, column_split, is_sharded, local_shards
 from snapshotkit._plan.flatten import check_int, fits_inline, flatten
+from snapshotkit._plan.grid import checked_grid, is_dtensor
 from snapshotkit._plan.leaves import Leaf, LocalState, ObjectLeaf, Payload, ShardBox, ShardedLeaf, TensorLeaf
 from snapshotkit._plan.select import Selection
 from snapshotkit.errors import ConfigError, InvalidArgumentError, UnsupportedValueError
@@ -247,7 +248,9 @@ def _describe_sharded(
             view = local.detach() if part is box else box_slice(local.detach(), box.offsets, part)
             payloads.append(Payload.of_tensor(view))
             boxes.append(ShardBox(part, len(payloads) - 1))
-    return ShardedLeaf(dtype_name(dtype), shards.shape, shards.layout, tuple(boxes))
+    # a DTensor whose mesh and placements give exactly these boxes is described by them (the same on every rank)
+    grid = checked_grid(value, [b.box for b in boxes], dtype.itemsize) if is_dtensor(value) else None
+    return ShardedLeaf(dtype_name(dtype), shards.shape, shards.layout, tuple(boxes), grid)
 
 
 def _describe_tensor(path: str, tensor: torch.Tensor, payloads: list[Payload], tied: _TiedTensors) -> TensorLeaf:

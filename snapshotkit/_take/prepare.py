@@ -24,6 +24,7 @@ from snapshotkit._format.steps import parse_listing, step_dir, step_of
 from snapshotkit._format.user_metadata import check_user_metadata
 from snapshotkit._plan.decide import Decision, decide
 from snapshotkit._plan.digest import shared_values_digest, structure_digest
+from snapshotkit._plan.gathered import Gathered
 from snapshotkit._plan.leaves import LocalState, RankInfo, rank_info
 from snapshotkit._plan.rank_plan import FixedPlan, TakePlan, finish_plan, fix_plan
 from snapshotkit._plan.select import Selection
@@ -37,6 +38,7 @@ from snapshotkit._take.collect import (
     describe_state,
 )
 from snapshotkit._take.commit import storage_error
+from snapshotkit._take.exchange import exchange_descriptions
 from snapshotkit._take.replace import manifest_digest, refuse_own_base, stale_objects
 from snapshotkit._take.reuse import ReuseIndex, build_reuse_index
 from snapshotkit._text import first_few
@@ -174,13 +176,14 @@ def prepare_take(
                 info = rank_info(local, path, patterns, take_id)
             except Exception as exc:
                 error = exc
-        infos: list[RankInfo] = group.exchange(
-            info, error, f"{what}: describing each rank's state", "nothing was written"
+        exchanged = exchange_descriptions(
+            group, info, error, f"{what}: describing each rank's state", "nothing was written"
         )
+        gathered = exchanged.gathered
         assert local is not None
-        take_path = infos[0].path
+        take_path = gathered.path
         with gc_paused():
-            decision = decide(infos, chunk_bytes=config.chunk_bytes, partial_shards=partial_shards)
+            decision = decide(gathered, chunk_bytes=config.chunk_bytes, partial_shards=partial_shards)
             fixed = fix_plan(
                 local,
                 decision,
@@ -193,7 +196,7 @@ def prepare_take(
         )
         plan_cache.remember(group, kept)
         if group.rank == 0:
-            _warn_about_paths(infos)
+            _warn_about_paths(gathered)
     assert local is not None
     with gc_paused():
         plan = finish_plan(
@@ -339,11 +342,11 @@ def _scheme(path: str) -> str:
     return f"{split_uri(path)[0]}://"
 
 
-def _warn_about_paths(infos: Sequence[RankInfo]) -> None:
-    paths = {info.path for info in infos}
+def _warn_about_paths(gathered: Gathered) -> None:
+    paths = {part.path for part in gathered.replicated_parts}
     if len(paths) > 1:
         warnings.warn(
-            f"the ranks passed {len(paths)} different paths to Snapshot.take; rank 0's {infos[0].path!r} is used",
+            f"the ranks passed {len(paths)} different paths to Snapshot.take; rank 0's {gathered.path!r} is used",
             stacklevel=6,  # the user code that called Snapshot.take or Snapshot.async_take
         )
 

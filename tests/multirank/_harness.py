@@ -66,9 +66,11 @@ def run_ranks(
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
     backend: str = "gloo",
+    missing_ok: bool = False,
 ) -> list[Any]:
     """``[target(rank, world_size, *args) for each rank]``, each run in its own process
-    (``backend="nccl"``: rank ``r`` on GPU ``r``)."""
+    (``backend="nccl"``: rank ``r`` on GPU ``r``; ``missing_ok``: None for a rank that exited
+    without a result, as a rank killed on purpose does)."""
     with tempfile.TemporaryDirectory(prefix="snapshotkit-ranks-") as out_dir:
         context = mp.start_processes(
             _entry,
@@ -89,6 +91,9 @@ def run_ranks(
                     process.join()
         results = []
         for rank in range(world_size):
+            if missing_ok and not Path(out_dir, f"{rank}.pkl").exists():
+                results.append(None)
+                continue
             with open(Path(out_dir, f"{rank}.pkl"), "rb") as f:
                 results.append(pickle.load(f))
         return results

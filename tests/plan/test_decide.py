@@ -12,7 +12,8 @@ from plan._world import PATTERNS, StateBuilder, World, worlds
 from snapshotkit._format.entries import PrimitiveEntry
 from snapshotkit._format.serialization import TORCH_SAVE, dtype_from_name
 from snapshotkit._format.sharded import Box
-from snapshotkit._plan.decide import Decision, DistinctBoxes, PieceKey, decide, distinct_boxes
+from snapshotkit._plan.decide import Decision, PieceKey, decide
+from snapshotkit._plan.gathered import Gathered, box_tables
 from snapshotkit._plan.layout import Span
 from snapshotkit._plan.leaves import (
     LocalState,
@@ -152,10 +153,11 @@ def test_distinct_boxes_in_first_seen_order_with_their_holders() -> None:
         StateBuilder().sharded("dt", (4, 3), [top, bottom]).build(),
         StateBuilder().sharded("dt", (4, 3), [top]).build(),
     ]
-    assert distinct_boxes(infos_of(*states)) == DistinctBoxes(
-        {"dt": ShardedDescription("float32", (4, 3), (bottom, top))}, {"dt": {bottom: (0, 1), top: (1, 2)}}
-    )
-    assert distinct_boxes([]) == DistinctBoxes({}, {})
+    tables = box_tables(Gathered.of_infos(infos_of(*states)))
+    assert list(tables) == ["dt"]
+    assert (tables["dt"].dtype, tables["dt"].shape, tables["dt"].boxes) == ("float32", (4, 3), (bottom, top))
+    assert [tables["dt"].holders(i) for i in range(2)] == [(0, 1), (1, 2)]
+    assert box_tables(Gathered.of_infos([])) == {}
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from plan._world import PATTERNS, TAKE_ID, StateBuilder, World, worlds
@@ -155,6 +157,17 @@ def test_a_sharded_tensor_is_assembled_from_its_distinct_boxes() -> None:
     assert without_layout.layout == ""
 
 
+def test_a_sharded_piece_no_rank_reported_is_named() -> None:
+    halves = [Box((0, 0), (2, 2)), Box((2, 0), (2, 2))]
+    states = [StateBuilder().sharded("dt", (4, 2), [halves[rank]]).build() for rank in range(2)]
+    decision, _, results = take(*states, chunk_bytes=64)
+    lost = RankResult(results[1].entries, {}, results[1].pending)  # rank 1's box piece went missing
+    with pytest.raises(KeyError, match=r"\(2, 0\) of 'dt'"):
+        merge_results([results[0], lost], decision, {})
+    # a rank without pending entries is copied as it is; rank 0's pending ones are assembled
+    assert not results[1].pending and results[0].pending
+
+
 # --------------------------------------------------------------------------- properties
 
 
@@ -176,6 +189,9 @@ def test_the_manifest_holds_every_leaf_and_every_written_byte_once(world: World)
     results = [finish_rank(plan, checksums_of(plan)) for plan in plans]
     manifest = merge_results(results, decision, {})
     assert merge_results(results[::-1], decision, {}) == manifest  # what each rank reports, not when
+    assert all(result.ordered for result in results)  # placed by position: the same as by key
+    by_key = [dataclasses.replace(result, ordered=False) for result in results]
+    assert merge_results(by_key, decision, {}) == manifest
     assert set(manifest) == {key for plan in plans for key in plan.entries}
     assert not any(isinstance(entry, (PendingReplicated, PendingSharded)) for entry in manifest.values())
 
