@@ -135,10 +135,14 @@ def child(op: str, work: Path, count: int, tensor_bytes: int, snapshot: str = "s
         gc.callbacks.remove(count_collections)
         verify = {f"p{count // 2:06d}": value}
     elif op == "safetensors_one":
+        gc.callbacks.append(count_collections)
+        cpu, main_cpu = time.process_time(), time.thread_time()
         started = time.perf_counter()
         with safetensors.safe_open(str(st_file), framework="pt") as f:
             value = f.get_tensor(f"p{count // 2:06d}")
         seconds = time.perf_counter() - started
+        cpu, main_cpu = time.process_time() - cpu, time.thread_time() - main_cpu
+        gc.callbacks.remove(count_collections)
         verify = {f"p{count // 2:06d}": value}
     else:
         destinations = empty_like(make_state(count, tensor_bytes))
