@@ -28,6 +28,7 @@ import numpy as np
 from snapshotkit._format.dtypes import DTYPE_NAME, MAX_NUMEL, RAW_ITEMSIZE
 from snapshotkit._format.entries import _RANK_TEXT, Entry, TensorEntry, check_containers, decode_entry
 from snapshotkit._format.pieces import Piece, _fail, validate_base_location, validate_location
+from snapshotkit._format.tensor_columns import TensorColumns, check_column_containers
 from snapshotkit.errors import ManifestError, UnsafeLocationError
 
 #: The first format version with columnar entries.
@@ -353,7 +354,7 @@ class _Columns:
         p = self.pieces
         hexes = self.hashes[first * _HASH_BYTES : last * _HASH_BYTES].hex()
         pieces = tuple(
-            _piece(self.locations[loc], start, length, checksum, hexes[32 * n : 32 * n + 32], self.bases[base])
+            make_piece(self.locations[loc], start, length, checksum, hexes[32 * n : 32 * n + 32], self.bases[base])
             for n, (loc, start, length, checksum, base) in enumerate(
                 zip(
                     p["location"][first:last].tolist(),
@@ -386,7 +387,7 @@ class _Columns:
             if kind == KIND_ROW:
                 continue
             pieces = tuple(
-                _piece(
+                make_piece(
                     locations[j], starts[j], lengths[j], checksums[j], hexes[32 * j : 32 * j + 32], self.bases[bases[j]]
                 )
                 for j in range(piece_offsets[i], piece_offsets[i + 1])
@@ -396,7 +397,8 @@ class _Columns:
             yield i, TensorEntry(self.dtypes[dtype[i]], shape, serializer, pieces, replicated[i] == 1)
 
 
-def _piece(location: str, start: int, length: int, checksum: int, digest: str, base: str | None) -> Piece:
+def make_piece(location: str, start: int, length: int, checksum: int, digest: str, base: str | None) -> Piece:
+    """The piece of one row of the per-piece columns (``digest``: the hash's 32 hex digits)."""
     return Piece(location, (start, start + length), f"{_CHECKSUM_PREFIX}{checksum:08x}", _HASH_PREFIX + digest, base)
 
 
@@ -413,6 +415,27 @@ class ColumnarManifest(Mapping[str, Entry]):
     def __init__(self, columns: _Columns, rows: list[Entry], row_index: np.ndarray) -> None:
         self._columns, self._rows, self._row_index = columns, rows, row_index
         self._built: dict[str, Entry] | None = None
+        self._containers_checked = False
+
+    def tensor_columns(self) -> TensorColumns:
+        """The entries as columns (no object per entry); the containers are checked first, as
+        iterating does, so a plan built from the columns sees a manifest iteration would accept."""
+        if not self._containers_checked and self._built is None:
+            e = self._columns.entry
+            check_column_containers(self._columns.paths, e["rank"], e["kind"], e["replicated"], self._rows)
+        self._containers_checked = True
+        c, p = self._columns, self._columns.pieces
+        e = c.entry
+        return TensorColumns(
+            c.paths, c.ranks, e["order"], e["kind"], e["replicated"], e["dtype"], c.dtypes, c.dims, c.dim_offsets,
+            c.piece_offsets, p["location"], p["start"], p["length"], p["checksum"], p["base"], c.hashes,
+            c.locations, c.bases, self._entry_at,
+        )  # fmt: skip
+
+    def _entry_at(self, i: int) -> Entry:
+        if int(self._columns.entry["kind"][i]) == KIND_ROW:
+            return self._rows[int(self._row_index[i])]
+        return self._columns.tensor(i)
 
     def _index(self, key: object) -> int:
         if not isinstance(key, str):
@@ -434,9 +457,7 @@ class ColumnarManifest(Mapping[str, Entry]):
         i = self._index(key)
         if i < 0:
             raise KeyError(key)
-        if int(self._columns.entry["kind"][i]) == KIND_ROW:
-            return self._rows[int(self._row_index[i])]
-        return self._columns.tensor(i)
+        return self._entry_at(i)
 
     def __contains__(self, key: object) -> bool:
         return self._index(key) >= 0

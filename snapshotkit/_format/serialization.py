@@ -96,6 +96,13 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     return view
 
 
+def memory_view(address: int, nbytes: int) -> memoryview:
+    """:func:`byte_view` for a caller that checked the tensor (non-empty, contiguous, CPU) and
+    holds its ``data_ptr()`` and size; the same IMPORTANT note applies."""
+    view: memoryview = _memoryview_from_memory(address, nbytes, _PYBUF_WRITE)
+    return view
+
+
 def tensor_from_bytes(data: memoryview | bytes | bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """A tensor viewing ``data`` (no copy) with the given dtype and shape."""
     array = np.frombuffer(data, dtype=np.uint8)

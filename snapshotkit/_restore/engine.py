@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from snapshotkit._app_state import validate_app_state
@@ -37,6 +37,7 @@ from snapshotkit._format.entries import (
 )
 from snapshotkit._format.sharded import destination_boxes
 from snapshotkit._plan.flatten import inflate
+from snapshotkit._restore.columns import column_rank_view
 from snapshotkit._restore.fetch import check_extents, read_pieces
 from snapshotkit._restore.metadata import OpenPlugin, open_store
 from snapshotkit._restore.partial import RestoreReport
@@ -211,7 +212,7 @@ def _plan_and_fetch(
     session: ShareSession | None,
     bar: ByteProgress,
 ) -> tuple[RestorePlan, Transfer, int]:
-    view = rank_view(metadata, rank)
+    view = column_rank_view(metadata, rank) or rank_view(metadata, rank)
     keys = {escape_key(key) for key in states_of}
     entries = sum(1 for logical_path in view if logical_path.split("/", 1)[0] in keys)
     with gc_paused():
@@ -239,7 +240,7 @@ def _fetch_shared(
     loader: LeafLoader,
     config: Config,
     session: ShareSession,
-    view: dict[str, Entry],
+    view: Mapping[str, Entry],
     bar: ByteProgress,
 ) -> Transfer:
     """:func:`_read_and_close`, with the pieces every rank wants read once and shared (collectives

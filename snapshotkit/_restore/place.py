@@ -19,6 +19,7 @@ from snapshotkit._format.serialization import (
     dtype_from_name,
     dtype_name,
     is_zero_copy_source,
+    memory_view,
     tensor_from_bytes,
 )
 from snapshotkit._format.sharded import Box, box_slice, destination_boxes, is_sharded, overlap, piece_boxes
@@ -37,6 +38,11 @@ def tensor_matches(entry: TensorEntry, value: object) -> bool:
         and value.layout == torch.strided
         and not value.is_quantized
     )
+
+
+def dtype_name_of(dtype: torch.dtype) -> str | None:
+    """The manifest's name of ``dtype`` (a dictionary lookup: ``str(dtype)`` costs a microsecond)."""
+    return _DTYPE_NAMES.get(dtype)
 
 
 #: torch dtype -> manifest name, built once: ``str(dtype)`` costs a microsecond per call.
@@ -165,12 +171,23 @@ class LeafLoader:
         start, end = piece.byte_range
         if not nbytes or end - start != nbytes:
             return False
-        memory = (_CPU, destination.data_ptr())
-        known = self._in_place_memory.setdefault(memory, (logical_path, (piece, destination)))
+        return self.add_piece_in_place(logical_path, piece, destination)
+
+    def add_piece_in_place(self, logical_path: str, piece: Piece, destination: torch.Tensor) -> bool:
+        """:meth:`add_in_place` once the caller checked everything but the memory: ``destination``
+        is a plain non-empty contiguous CPU tensor of the entry's dtype and shape, ``piece`` its
+        one raw piece of exactly its bytes (planning from a version-5 manifest's columns does).
+
+        Returns:
+            Whether it was planned; not when another entry planned so far is read into the same
+            memory (tied destinations: :meth:`add` compares or skips).
+        """
+        address = destination.data_ptr()
+        known = self._in_place_memory.setdefault((_CPU, address), (logical_path, (piece, destination)))
         if known[0] is not logical_path:  # tied to an entry planned earlier: add() compares or skips
             return False
         self.writes_in_place = True
-        self.reads.append(PieceRead(piece, logical_path, byte_view(destination)))
+        self.reads.append(PieceRead(piece, logical_path, memory_view(address, piece.nbytes)))
         return True
 
     def add_stored_bytes(self, logical_path: str, piece: Piece) -> Callable[[], bytes]:

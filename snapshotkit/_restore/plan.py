@@ -17,6 +17,7 @@ import torch
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import DictEntry, Entry, ListEntry, TensorEntry, is_shared
 from snapshotkit._plan.flatten import Flattened, escape_key, flatten, inflate, join_path
+from snapshotkit._restore.columns import ColumnView, plan_column_leaves
 from snapshotkit._restore.optimizer import (
     SkippedState,
     check_optimizer,
@@ -102,8 +103,10 @@ def missing_key_hint(metadata: SnapshotMetadata, key: str, rank: int) -> str:
     return f" Ranks {ranks} saved it, rank {rank} did not."
 
 
-def subtree(view: Mapping[str, Entry], root: str) -> tuple[ContainerMap, dict[str, Entry]]:
+def subtree(view: Mapping[str, Entry], root: str) -> tuple[ContainerMap, Mapping[str, Entry]]:
     """Container and leaf entries at or below logical path ``root``."""
+    if isinstance(view, ColumnView):
+        return view.subtree(root)
     containers: ContainerMap = {}
     leaves: dict[str, Entry] = {}
     below = root + "/"
@@ -166,6 +169,7 @@ def plan_restore(
         containers, leaves = subtree(view, root)
         skipped, optimizer = SkippedState(), stateful if uses_torch_format(stateful) else None
         if optimizer is not None:
+            leaves = dict(leaves)  # a ColumnView's tensors built: the optimizer checks read them
             skipped = check_optimizer(root, optimizer, containers, leaves, strict=strict)
             if skipped.roots:  # strict=False: a parameter's saved state that does not fit it is not loaded
                 containers, leaves = leave_out(containers, leaves, skipped)
@@ -174,7 +178,9 @@ def plan_restore(
         current = None if is_rng else flatten(stateful.state_dict(), root)
         difference = KeyDifference()
         if current is not None:
-            difference = compare(root, Flattened(dict(containers), dict(leaves)), current, module=is_module)
+            # compare() reads the saved leaves' paths only: a ColumnView builds no entry for it
+            saved_leaves = dict.fromkeys(leaves) if isinstance(leaves, ColumnView) else dict(leaves)
+            difference = compare(root, Flattened(dict(containers), saved_leaves), current, module=is_module)
             if strict:
                 check_keys(key, difference, module=is_module)
             missing.extend(difference.missing)
@@ -224,26 +230,35 @@ def _plan_leaves(
     Returns the values already known (destinations filled in place, :meth:`LeafLoader.add_in_place`)
     and thunks that give the rest once the reads have run.
     """
-    known: dict[str, Any] = {}
     thunks: dict[str, Callable[[], Any]] = {}
-    add_in_place = loader.add_in_place
-    for path, entry in leaves.items():
-        destination = destinations.get(path)
+
+    def plan_leaf(path: str, entry: Entry, destination: Any) -> None:
         matches: bool | None = None
         if isinstance(destination, torch.Tensor):
-            if type(entry) is TensorEntry:
-                matches = tensor_matches(entry, destination)
-                if matches and add_in_place(path, entry, destination):  # the common case: no thunk
-                    known[path] = destination
-                    continue
             check_destination(path, entry, destination, module=module)
             if isinstance(entry, TensorEntry):
-                matches = tensor_matches(entry, destination) if matches is None else matches
+                matches = tensor_matches(entry, destination)
                 if not matches:
                     if strict and entry.serializer == "raw":
                         raise describe_mismatch(path, entry, destination)
                     destination = None
         thunks[path] = loader.add(path, entry, destination, matches=matches)
+
+    if isinstance(leaves, ColumnView):  # a version-5 manifest: plain tensors planned from its columns
+        return plan_column_leaves(leaves, destinations, loader, plan_leaf), thunks
+    known: dict[str, Any] = {}
+    add_in_place = loader.add_in_place
+    for path, entry in leaves.items():
+        destination = destinations.get(path)
+        if (
+            type(entry) is TensorEntry
+            and isinstance(destination, torch.Tensor)
+            and tensor_matches(entry, destination)
+            and add_in_place(path, entry, destination)
+        ):  # the common case: no thunk
+            known[path] = destination
+            continue
+        plan_leaf(path, entry, destination)
     return known, thunks
 
 

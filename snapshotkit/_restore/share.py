@@ -32,6 +32,7 @@ round), so no rank is left waiting in a broadcast.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import socket
@@ -41,6 +42,7 @@ from snapshotkit._config import Config
 from snapshotkit._dist import Group, describe_error, portable
 from snapshotkit._format.checksum import crc32c, format_checksum, parse_checksum
 from snapshotkit._format.entries import Entry, Piece, is_shared
+from snapshotkit._restore.columns import ColumnView
 from snapshotkit._restore.fetch import MIN_SUBRANGE_BYTES, PieceRead, read_pieces
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import run_sync
@@ -163,9 +165,10 @@ class ShareSession:
 
     def _candidates(self, reads: Sequence[PieceRead], view: Mapping[str, Entry]) -> dict[Piece, list[PieceRead]]:
         wanted: dict[Piece, list[PieceRead]] = {}
+        # a ColumnView answers from its columns, with no entry built
+        shared = view.is_shared if isinstance(view, ColumnView) else functools.partial(_shared_in, view)
         for read in reads:
-            entry = view.get(read.logical_path)
-            if read.piece.nbytes and entry is not None and is_shared(entry):
+            if read.piece.nbytes and shared(read.logical_path):
                 wanted.setdefault(read.piece, []).append(read)
         # A piece this rank would stream in sub-ranges (no contiguous destination, larger than the
         # budget) is read here as without sharing: a bounce buffer of its size would break the budget.
@@ -326,6 +329,11 @@ def _failure(rank: int, error: BaseException | None, text: str) -> BaseException
 
 def _order(piece: Piece) -> tuple[str, tuple[int, int], str]:
     return (piece.address, piece.byte_range, piece.checksum)
+
+
+def _shared_in(view: Mapping[str, Entry], logical_path: str) -> bool:
+    entry = view.get(logical_path)
+    return entry is not None and is_shared(entry)
 
 
 def _bounce(piece: Piece) -> memoryview:
