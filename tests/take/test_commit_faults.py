@@ -10,6 +10,7 @@ one fresh process group per case (a timed-out collective leaves its group unusab
 from __future__ import annotations
 
 import datetime
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,17 @@ import pytest
 import torch.distributed as dist
 from multirank._harness import run_ranks
 
-from ._commit_faults import Ended, cases_for, check_invariant, expect_committed, restore_committed, run_cases
+from ._commit_faults import (
+    Ended,
+    app_state,
+    cases_for,
+    check_invariant,
+    expect_committed,
+    installed_faults,
+    restore_committed,
+    run_cases,
+    take_one,
+)
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -66,6 +77,13 @@ def _ranks_target(rank: int, world: int, root: str, mode: str, cases: Any) -> tu
         return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A first take of its own starts the checkpoint daemon (process executor) and warms the
+    # imports, under a timeout a loaded machine meets, so the 1 s timeout of the cases measures
+    # the protocol, not a process start (the clean case timed out once, in CI under load).
+    os.environ["SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS"] = "60"
+    with installed_faults((), rank, DELAY_S):
+        take_one(f"{root}/warm-up", app_state(rank, 0), mode, new_group())
+    os.environ["SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS"] = str(TIMEOUT_S)
     ended = run_cases(rank, cases, root, mode, DELAY_S, new_group)
     restored = restore_committed(rank, len(cases), root, new_group())
     return ended, restored
