@@ -82,15 +82,18 @@ class Group:
         try:
             work.wait(timeout=datetime.timedelta(seconds=self.timeout_seconds))
         except RuntimeError as exc:
-            text = str(exc).lower()
-            if "timed out" in text or "timeout" in text:
-                raise CollectiveTimeoutError(
-                    f"{what}: rank {self.rank} of {self.world_size} waited {self.timeout_seconds:g} s for the other "
-                    "ranks, which did not arrive. A rank crashed, hangs, or did not call the same snapshotkit "
-                    "operation; every rank must call it. Raise SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS if the ranks "
-                    "are just slow"
-                ) from exc
+            if _timed_out(exc):
+                raise self._timeout_error(what) from exc
             raise
+
+    def _timeout_error(self, what: str) -> CollectiveTimeoutError:
+        """The error of a collective or store round the other ranks did not reach in time."""
+        return CollectiveTimeoutError(
+            f"{what}: rank {self.rank} of {self.world_size} waited {self.timeout_seconds:g} s for the other "
+            "ranks, which did not arrive. A rank crashed, hangs, or did not call the same snapshotkit "
+            "operation; every rank must call it. Raise SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS if the ranks "
+            "are just slow"
+        )
 
     def all_gather_object(self, obj: Any, what: str) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order; ``what`` names the step in errors."""
@@ -319,13 +322,8 @@ class Group:
                 for name in ("count", "any", "done"):
                     store.delete_key(f"{key}/{name}")
         except RuntimeError as exc:
-            if "timeout" in str(exc).lower() or "timed out" in str(exc).lower():
-                raise CollectiveTimeoutError(
-                    f"{what}: rank {self.rank} of {self.world_size} waited {self.timeout_seconds:g} s for the other "
-                    "ranks, which did not arrive. A rank crashed, hangs, or did not call the same snapshotkit "
-                    "operation; every rank must call it. Raise SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS if the ranks "
-                    "are just slow"
-                ) from exc
+            if _timed_out(exc):
+                raise self._timeout_error(what) from exc
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise RankFailedError(
                 f"{what}: rank {self.rank} of {self.world_size} lost the process group's store ({first_line}); "
@@ -382,3 +380,9 @@ def own_process_group() -> Any | None:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return None
     return dist.new_group([dist.get_rank()], backend="gloo", use_local_synchronization=True)
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a c10d error says a wait timed out (torch words it "timed out" or "timeout")."""
+    text = str(exc).lower()
+    return "timed out" in text or "timeout" in text

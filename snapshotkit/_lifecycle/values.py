@@ -94,26 +94,23 @@ def check_interval(save_interval_steps: object) -> int | None:
     """``save_interval_steps``: None or an int >= 1."""
     if save_interval_steps is None:
         return None
-    if isinstance(save_interval_steps, bool) or not isinstance(save_interval_steps, int):
-        raise InvalidArgumentError(
-            f"save_interval_steps must be an int or None, got {type(save_interval_steps).__name__} "
-            f"{save_interval_steps!r}"
-        )
-    if save_interval_steps < 1:
-        raise ConfigError(f"save_interval_steps must be at least 1, got {save_interval_steps}")
-    return save_interval_steps
+    return _count_of_steps("save_interval_steps", save_interval_steps, "an int or None")
 
 
 def check_check_every(preemption_check_every: object) -> int:
     """``preemption_check_every``: an int >= 1."""
-    if isinstance(preemption_check_every, bool) or not isinstance(preemption_check_every, int):
-        raise InvalidArgumentError(
-            f"preemption_check_every must be an int (calls of should_save between agreements), got "
-            f"{type(preemption_check_every).__name__} {preemption_check_every!r}"
-        )
-    if preemption_check_every < 1:
-        raise ConfigError(f"preemption_check_every must be at least 1, got {preemption_check_every}")
-    return preemption_check_every
+    return _count_of_steps(
+        "preemption_check_every", preemption_check_every, "an int (calls of should_save between agreements)"
+    )
+
+
+def _count_of_steps(name: str, value: object, expected: str) -> int:
+    """``value`` of the argument ``name``: an int >= 1 (``expected`` words the type wanted)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ConfigError(f"{name} must be at least 1, got {value}")
+    return value
 
 
 def on_interval(step: int, save_interval_steps: int | None) -> bool:
