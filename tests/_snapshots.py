@@ -176,3 +176,25 @@ def load_golden_builder(name: str) -> Any:
     sys.modules.setdefault(name, module)
     spec.loader.exec_module(module)
     return module
+
+
+def assert_same(actual: Any, expected: Any, where: str = "") -> None:
+    """Equal value, exact type, exact bits."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), where
+        assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape), where
+        assert actual.contiguous().view(torch.uint8).tolist() == expected.contiguous().view(torch.uint8).tolist(), where
+        return
+    assert type(actual) is type(expected), f"{where}: {type(actual).__name__} != {type(expected).__name__}"
+    if isinstance(expected, dict):
+        assert list(actual) == list(expected), where
+        for key in expected:
+            assert_same(actual[key], expected[key], f"{where}/{key}")
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), where
+        for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_same(a, e, f"{where}/{index}")
+    elif isinstance(expected, float):
+        assert float.hex(actual) == float.hex(expected), where
+    else:
+        assert actual == expected, where

@@ -20,7 +20,7 @@ import crc32c
 import pytest
 import torch
 import xxhash
-from _snapshots import MANIFEST, load_golden_builder
+from _snapshots import MANIFEST, assert_same, load_golden_builder
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit.errors import BaseSnapshotError, ChecksumMismatchError
@@ -40,28 +40,6 @@ def expected_state(path: Path) -> dict[str, Any]:
     """``state_dict()`` of each app_state value the golden at ``path`` was taken from."""
     build = make_golden_v4.build_base_state if path == BASE else make_golden_v4.build_incremental_state
     return {name: value.state_dict() for name, value in build().items()}
-
-
-def assert_same(actual: Any, expected: Any, where: str = "") -> None:
-    """Equal value, exact type, exact bits."""
-    if isinstance(expected, torch.Tensor):
-        assert isinstance(actual, torch.Tensor), where
-        assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape), where
-        assert actual.contiguous().view(torch.uint8).tolist() == expected.contiguous().view(torch.uint8).tolist(), where
-        return
-    assert type(actual) is type(expected), f"{where}: {type(actual).__name__} != {type(expected).__name__}"
-    if isinstance(expected, dict):
-        assert list(actual) == list(expected), where
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{where}/{key}")
-    elif isinstance(expected, (list, tuple)):
-        assert len(actual) == len(expected), where
-        for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_same(a, e, f"{where}/{index}")
-    elif isinstance(expected, float):
-        assert float.hex(actual) == float.hex(expected), where
-    else:
-        assert actual == expected, where
 
 
 def pieces(entry: object) -> tuple[Piece, ...]:
