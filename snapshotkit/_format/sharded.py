@@ -2,9 +2,10 @@
 
 A take stores each distinct local box once; a restore fills each destination box from the
 stored boxes it overlaps, reading only the stored pieces (whole dim-0 row blocks) that overlap.
-A box narrower than the tensor along a dim other than 0 (``Shard(1)``) is stored as a few column
-sub-boxes (:func:`column_split`), so a reader wanting part of its columns reads whole, verified
-pieces of the sub-boxes it overlaps instead of whole rows of the box.
+A box of at least a few MiB is stored as a few column sub-boxes (:func:`column_split`): a box
+narrower than the tensor along a dim other than 0 (``Shard(1)``) along that dim, a full-width
+box (``Shard(0)``, FSDP) along dim 1, so a reader wanting part of its columns reads whole,
+verified pieces of the sub-boxes it overlaps instead of whole rows of the box.
 """
 
 from __future__ import annotations
@@ -137,9 +138,13 @@ def overlap(a: Box, b: Box) -> Box | None:
     return Box(tuple(offsets), tuple(sizes))
 
 
-#: A stored sub-box of a split box holds at least this many bytes (smaller boxes are not split,
-#: so a manifest of many small shards does not grow).
+#: A stored sub-box of a split narrow box holds at least this many bytes (smaller boxes are not
+#: split, so a manifest of many small shards does not grow).
 COLUMN_SPLIT_MIN_BYTES = 1 << 20
+#: A stored sub-box of a split full-width box (``Shard(0)``, FSDP) holds at least this many bytes,
+#: the default piece size: each sub-box is then still one or more whole pieces, so a take writes
+#: about as many pieces as before, and the small boxes of many-rank FSDP are never split.
+FULL_WIDTH_SPLIT_MIN_BYTES = 16 << 20
 #: At most this many sub-boxes per box: a reader then reads at most two sub-boxes it needs only
 #: part of, 2/8 of a box, and typically far less (a few extra requests, merged when adjacent).
 #: IMPORTANT: every rank of a take must split alike (replicated boxes are matched by their
@@ -149,19 +154,28 @@ COLUMN_SPLIT_MAX_PARTS = 8
 
 def column_split(box: Box, shape: Sequence[int], itemsize: int) -> list[Box]:
     """The sub-boxes a take stores for ``box`` of a tensor of global ``shape``: ``[box]`` itself,
-    or, when ``box`` is narrower than ``shape`` along a dim ``d > 0`` (the first such dim), up to
-    :data:`COLUMN_SPLIT_MAX_PARTS` contiguous slices of ``box`` along ``d``, each of at least
-    :data:`COLUMN_SPLIT_MIN_BYTES`. The sub-boxes are disjoint, cover ``box``, and depend only on
-    the arguments (every rank holding a box splits it alike).
+    or up to :data:`COLUMN_SPLIT_MAX_PARTS` contiguous slices of ``box`` along one dim ``d``:
+
+    * when ``box`` is narrower than ``shape`` along a dim ``> 0`` (``Shard(1)``), ``d`` is the
+      first such dim, and each slice holds at least :data:`COLUMN_SPLIT_MIN_BYTES`;
+    * otherwise (a full-width box, ``Shard(0)``, of at least 2 dims), ``d`` is 1 and each slice
+      holds at least :data:`FULL_WIDTH_SPLIT_MIN_BYTES`.
+
+    The sub-boxes are disjoint, cover ``box``, are in order along ``d``, and depend only on the
+    sizes of ``box``, ``shape`` and ``itemsize`` (every rank holding a box splits it alike; the
+    offsets of ``box`` only shift them).
     """
     dim = next((d for d in range(1, len(box.sizes)) if box.sizes[d] < shape[d]), None)
+    min_bytes = COLUMN_SPLIT_MIN_BYTES
     if dim is None:
-        return [box]
+        if len(box.sizes) < 2:
+            return [box]
+        dim, min_bytes = 1, FULL_WIDTH_SPLIT_MIN_BYTES
     width = box.sizes[dim]
     column_bytes = math.prod(box.sizes) // width * itemsize if width else 0  # one slice along dim
     # the most parts whose narrowest (width // parts slices) still holds the minimum
     parts = min(COLUMN_SPLIT_MAX_PARTS, width)
-    while parts > 1 and column_bytes * (width // parts) < COLUMN_SPLIT_MIN_BYTES:
+    while parts > 1 and column_bytes * (width // parts) < min_bytes:
         parts -= 1
     if parts <= 1:
         return [box]

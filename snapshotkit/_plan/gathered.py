@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from snapshotkit._format import sharded
 from snapshotkit._format.serialization import dtype_from_name
 from snapshotkit._format.sharded import Box, column_split
 from snapshotkit._plan.grid import Grid, grid_boxes
@@ -291,22 +292,38 @@ def _grid_rows(grid: Grid, global_ranks: Array, ranks: Array, itemsize: int, pat
             "this is a bug in snapshotkit, please report it"
         )
     boxes = grid_boxes(grid, where)
-    ndim = len(grid.shape)
-    narrow = (boxes.sizes[:, 1:] < np.asarray(grid.shape[1:], dtype=np.int64)).any(axis=1) if ndim > 1 else None
-    if narrow is None or not narrow.any():
-        return ranks, boxes.offsets, boxes.sizes
-    # Some boxes are split into column sub-boxes (column_split): expand them, rank by rank.
-    out_ranks, out_offsets, out_sizes = [], [], []
-    for rank, offsets, sizes in zip(ranks.tolist(), boxes.offsets.tolist(), boxes.sizes.tolist(), strict=True):
-        for part in column_split(Box(tuple(offsets), tuple(sizes)), grid.shape, itemsize):
-            out_ranks.append(rank)
-            out_offsets.append(part.offsets)
-            out_sizes.append(part.sizes)
-    return (
-        np.asarray(out_ranks, dtype=np.int64),
-        np.asarray(out_offsets, dtype=np.int64).reshape(-1, ndim),
-        np.asarray(out_sizes, dtype=np.int64).reshape(-1, ndim),
-    )
+    return _split_rows(grid.shape, itemsize, ranks, boxes.offsets, boxes.sizes)
+
+
+def _split_rows(
+    shape: tuple[int, ...], itemsize: int, ranks: Array, offsets: Array, sizes: Array
+) -> tuple[Array, Array, Array]:
+    """Each row's box replaced by its :func:`~snapshotkit._format.sharded.column_split` sub-boxes,
+    rank by rank, in order: one row per (rank, stored box), as the take of each rank stores them."""
+    ndim = len(shape)
+    if ndim < 2 or not len(sizes):
+        return ranks, offsets, sizes
+    # A split box holds at least two parts of the smaller minimum: most boxes (many ranks, small
+    # shards) are ruled out here, vectorized, without a call per box.
+    least = 2 * min(sharded.COLUMN_SPLIT_MIN_BYTES, sharded.FULL_WIDTH_SPLIT_MIN_BYTES)
+    if not (np.prod(sizes, axis=1) * itemsize >= least).any():
+        return ranks, offsets, sizes
+    # column_split depends on a box's sizes only (its offsets shift the parts): split each
+    # distinct size once, at offset 0, then shift the parts to every box of that size.
+    distinct, inverse = np.unique(sizes, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    splits = [column_split(Box((0,) * ndim, tuple(int(v) for v in row)), shape, itemsize) for row in distinct]
+    if all(len(parts) == 1 for parts in splits):
+        return ranks, offsets, sizes
+    part_offsets = np.asarray([p.offsets for parts in splits for p in parts], dtype=np.int64).reshape(-1, ndim)
+    part_sizes = np.asarray([p.sizes for parts in splits for p in parts], dtype=np.int64).reshape(-1, ndim)
+    per_distinct = np.asarray([len(parts) for parts in splits], dtype=np.int64)
+    first_part = np.concatenate([[0], np.cumsum(per_distinct)[:-1]]).astype(np.int64)
+    counts = per_distinct[inverse]
+    row = np.repeat(np.arange(len(sizes), dtype=np.int64), counts)
+    within = np.arange(len(row), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    part = first_part[inverse][row] + within
+    return ranks[row], offsets[row] + part_offsets[part], part_sizes[part]
 
 
 def _positions(grid: Grid) -> Array:

@@ -242,8 +242,9 @@ def _describe_sharded(
     for box, local in held:
         if local.is_meta:
             raise UnsupportedValueError(f"the sharded tensor at {path!r} has a meta local shard; materialize it")
-        # A Shard(1) box is stored as column sub-boxes (strided views, copied when staged), so a
-        # restore needing some of its columns reads only those sub-boxes, each whole and verified.
+        # A large box is stored as column sub-boxes (strided views, copied when staged), so a
+        # restore needing some of its columns (Shard(1) from Shard(0) or Shard(1)) reads only
+        # those sub-boxes, each whole and verified.
         for part in column_split(box, shards.shape, dtype.itemsize):
             view = local.detach() if part is box else box_slice(local.detach(), box.offsets, part)
             payloads.append(Payload.of_tensor(view))

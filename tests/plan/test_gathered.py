@@ -49,7 +49,7 @@ def by_boxes(grid: Grid, itemsize: int, members: list[int]) -> list[RankInfo]:
 @st.composite
 def meshes(draw: st.DrawFn) -> tuple[Grid, list[int]]:
     """A grid over a group's members (global ranks ``offset``.. in mesh order, shuffled in the group)."""
-    shape = (draw(st.integers(1, 9)), draw(st.sampled_from([1, 3, 1 << 18])))  # wide: Shard(1) splits columns
+    shape = (draw(st.integers(1, 9)), draw(st.sampled_from([1, 3, 1 << 18, 1 << 22])))  # wide: boxes split into columns
     mesh_shape = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
     dims = tuple(draw(st.sampled_from([REPLICATE, 0, 1])) for _ in mesh_shape)
     count = 1
