@@ -1,12 +1,23 @@
-"""Resharding by columns: a ``Shard(1)`` DTensor taken on 4 gloo ranks, restored on 2 and 3.
+"""Resharding by columns: DTensors taken on 4 gloo ranks, restored on 2 and 3.
 
-Issue 17 item 7. ``--ranks`` (default 4) ranks take ``--tensors`` float32 DTensors of
-``--tensor-bytes`` each (default 2 x 256 MiB, 8,192 columns... rows follow), ``[Shard(1)]``; then
-each of ``--restore-ranks`` (default 2,3) world sizes restores them into ``[Shard(1)]`` DTensors
-of its own. Two layouts, taken and restored in the same run, alternating, ``--repeat`` times:
+Two scenarios (``--scenarios``), each in the same run for both layouts below:
+
+``columns`` (issue 17 item 7)
+    ``--ranks`` (default 4) ranks take ``--tensors`` float32 DTensors of ``--tensor-bytes`` each
+    (default 2 x 256 MiB, 8,192 columns... rows follow), ``[Shard(1)]``; then each of
+    ``--restore-ranks`` (default 2,3) world sizes restores them into ``[Shard(1)]`` DTensors of
+    its own.
+``rows`` (issue 27)
+    ``--ranks`` ranks take one float32 table of ``--rows-bytes`` (default 1 GiB, 4,096 columns:
+    ``[65536, 4096]``, as ``bench_dist.py``'s reshard part) ``[Shard(0)]`` (FSDP); then it is
+    restored into ``[Shard(1)]`` on half as many ranks, ``[Shard(0)]`` on half as many, and
+    ``[Shard(0)]`` on as many (the resume of the same job: the restore time of the common case).
+
+Two layouts, taken and restored in the same run, alternating, ``--repeat`` times:
 
 * ``split`` (this version): a take stores each rank's column box as up to 8 column sub-boxes of at
-  least 1 MiB (``snapshotkit._format.sharded.column_split``);
+  least 1 MiB, and each full-width (``Shard(0)``) box of at least 32 MiB as up to 8 column
+  sub-boxes of at least 16 MiB (``snapshotkit._format.sharded.column_split``);
 * ``whole`` (before): every box stored whole, as takes wrote before the split, by setting the
   private ``COLUMN_SPLIT_MAX_PARTS`` to 1 in the rank processes (benchmark only; not an option).
 
@@ -20,7 +31,7 @@ directory) and ``s3`` (a SeaweedFS server started here; skipped when ``weed`` is
 Usage::
 
     python benchmarks/bench_reshard.py --out benchmarks/results/bench_reshard-<date>.json
-    python benchmarks/bench_reshard.py --quick --out /tmp/reshard.json   # 2 x 16 MiB, seconds
+    python benchmarks/bench_reshard.py --quick --out /tmp/reshard.json   # 2 x 16 MiB and 128 MiB, seconds
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from _harness import report as R
 PRELOAD = ["torch", "torch.distributed", "snapshotkit"]
 RANKS_TIMEOUT_S = 3600.0
 COLUMNS = 8192
+ROW_COLUMNS = 4096  # the rows scenario's table: [rows, 4096] float32
 LAYOUTS = {"whole": 1, "split": None}  # COLUMN_SPLIT_MAX_PARTS in the rank processes (None: the default)
 
 
@@ -107,6 +119,8 @@ def _rank_main(spec: Record) -> Record:
 
     torch.set_num_threads(1)
     with launch.process_group(spec):
+        if spec.get("scenario") == "rows":
+            return _take_rows_rank(spec) if spec["op"] == "take" else _restore_rows_rank(spec)
         return _take_rank(spec) if spec["op"] == "take" else _restore_rank(spec)
 
 
@@ -165,7 +179,7 @@ def _restore_rank(spec: Record) -> Record:
             t.to_local(),
             torch.arange(rows * COLUMNS, dtype=torch.float32)
             .reshape(rows, COLUMNS)
-            .add_(i)[:, _columns(spec["rank"], spec["world"])],
+            .add_(i)[:, _chunk(COLUMNS, spec["rank"], spec["world"])],
         )
         for i, t in enumerate(state.values())
     )
@@ -178,10 +192,73 @@ def _restore_rank(spec: Record) -> Record:
     }
 
 
-def _columns(rank: int, world: int) -> slice:
-    """The columns of rank ``rank`` of ``world`` under ``Shard(1)`` (torch's chunking: ceil-sized)."""
-    chunk = -(-COLUMNS // world)
-    return slice(min(rank * chunk, COLUMNS), min((rank + 1) * chunk, COLUMNS))
+def _table_values(rows: slice, columns: slice) -> Any:
+    """The rows scenario's table at ``[rows, columns]``: exact float32 values (below 2**24), every
+    (row mod 4093, column) distinct, computed for any box without building the whole table."""
+    import torch
+
+    r = (torch.arange(rows.start, rows.stop) % 4093).to(torch.float32)
+    c = torch.arange(columns.start, columns.stop).to(torch.float32)
+    return r[:, None] * ROW_COLUMNS + c[None, :]
+
+
+def _chunk(extent: int, rank: int, world: int) -> slice:
+    """Rank ``rank``'s part of ``extent`` under ``Shard`` (torch's chunking: ceil-sized)."""
+    chunk = -(-extent // world)
+    return slice(min(rank * chunk, extent), min((rank + 1) * chunk, extent))
+
+
+def _table(spec: Record, dim: int, fill: bool) -> Any:
+    """This rank's ``Shard(dim)`` DTensor of the rows scenario's table (only its local box built)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = dist.device_mesh.init_device_mesh("cpu", (spec["world"],))
+    shape = (spec["rows_bytes"] // (4 * ROW_COLUMNS), ROW_COLUMNS)
+    box = [slice(0, shape[0]), slice(0, shape[1])]
+    box[dim] = _chunk(shape[dim], spec["rank"], spec["world"])
+    local = _table_values(*box) if fill else torch.zeros(box[0].stop - box[0].start, box[1].stop - box[1].start)
+    stride = (shape[1], 1)
+    return DTensor.from_local(local, mesh, [Shard(dim)], run_check=False, shape=torch.Size(shape), stride=stride), box
+
+
+def _take_rows_rank(spec: Record) -> Record:
+    import torch.distributed as dist
+
+    from snapshotkit import Snapshot, StateDict
+    from snapshotkit._format import sharded
+
+    if spec["max_parts"] is not None:
+        sharded.COLUMN_SPLIT_MAX_PARTS = spec["max_parts"]
+    table, _ = _table(spec, 0, fill=True)
+    dist.barrier()
+    with M.Measure() as took:
+        Snapshot.take(spec["path"], {"m": StateDict(t=table)}, storage_options=spec["options"])
+    entry = Snapshot(spec["path"], storage_options=spec["options"]).get_manifest()["0/m/t"]
+    return {"seconds": took.time_s, "stored_boxes": len(entry.shards)}  # type: ignore[union-attr]
+
+
+def _restore_rows_rank(spec: Record) -> Record:
+    import torch
+    import torch.distributed as dist
+
+    from snapshotkit import Snapshot, StateDict
+
+    counts = {"requests": 0, "bytes": 0}
+    _register_counting(counts)
+    table, box = _table(spec, spec["dim"], fill=False)
+    needed = table.to_local().numel() * 4
+    dist.barrier()
+    with M.Measure() as took:
+        Snapshot("counted://" + spec["path"], storage_options=spec["options"]).restore({"m": StateDict(t=table)})
+    return {
+        "seconds": took.time_s,
+        "needed_bytes": needed,
+        "read_bytes": counts["bytes"],
+        "requests": counts["requests"],
+        "exact": torch.equal(table.to_local(), _table_values(*box)),
+    }
 
 
 def _run(launcher: launch.Launcher, world: int, spec: Record) -> list[Record]:
@@ -229,19 +306,46 @@ def _stores(names: Sequence[str], scratch: Path, stack: Any) -> list[_Store]:
 
 
 def measure_store(args: Any, store: _Store, launcher: launch.Launcher) -> Record:
-    base = {"tensors": args.tensors, "tensor_bytes": args.tensor_bytes, "options": store.options}
+    """Every scenario of ``args.scenarios`` on ``store``: the columns one at the top level (as
+    before), the rows one under ``rows``."""
+    out: Record = {}
+    scenarios = args.scenarios.split(",")
+    if "columns" in scenarios:
+        base = {"tensors": args.tensors, "tensor_bytes": args.tensor_bytes, "options": store.options}
+        targets = [(str(world), world, {}) for world in args.restore_ranks]
+        out.update(_measure(args, store, launcher, "columns", base, targets))
+    if "rows" in scenarios:
+        base = {"scenario": "rows", "rows_bytes": args.rows_bytes, "options": store.options}
+        half = args.ranks // 2
+        targets = [
+            (f"shard1_{half}", half, {"dim": 1}),
+            (f"shard0_{half}", half, {"dim": 0}),
+            (f"shard0_{args.ranks}", args.ranks, {"dim": 0}),
+        ]
+        out["rows"] = _measure(args, store, launcher, "rows", base, targets)
+    return out
+
+
+def _measure(
+    args: Any,
+    store: _Store,
+    launcher: launch.Launcher,
+    scenario: str,
+    base: Record,
+    targets: Sequence[tuple[str, int, Record]],
+) -> Record:
     runs: dict[str, Record] = {layout: {"take_s": [], "stored_boxes": 0, "restore": {}} for layout in LAYOUTS}
     for repeat in range(args.repeat):
         for layout, max_parts in LAYOUTS.items():  # interleaved: before, after, before, after...
-            path = store.path(f"{layout}-{repeat}")
+            path = store.path(f"{scenario}-{layout}-{repeat}")
             taken = _run(launcher, args.ranks, {**base, "op": "take", "path": path, "max_parts": max_parts})
             runs[layout]["take_s"].append(max(r["seconds"] for r in taken))
             runs[layout]["stored_boxes"] = taken[0]["stored_boxes"]
-            for world in args.restore_ranks:
-                restored = _run(launcher, world, {**base, "op": "restore", "path": path})
-                runs[layout]["restore"].setdefault(str(world), []).append(restored)
+            for label, world, extra in targets:
+                restored = _run(launcher, world, {**base, **extra, "op": "restore", "path": path})
+                runs[layout]["restore"].setdefault(label, []).append(restored)
                 R.progress(
-                    f"[{store.name}] {layout} #{repeat} {args.ranks}->{world}: read/needed "
+                    f"[{store.name}] {scenario} {layout} #{repeat} {args.ranks}->{label}: read/needed "
                     f"{sum(r['read_bytes'] for r in restored) / sum(r['needed_bytes'] for r in restored):.3f}, "
                     f"{sum(r['requests'] for r in restored)} requests, "
                     f"{max(r['seconds'] for r in restored):.2f} s"
@@ -250,9 +354,9 @@ def measure_store(args: Any, store: _Store, launcher: launch.Launcher) -> Record
     for layout, run in runs.items():
         rec: Record = {"stored_boxes_per_tensor": run["stored_boxes"], "take_s": run["take_s"]}
         rec["median_take_s"] = statistics.median(run["take_s"])
-        for world, repeats in run["restore"].items():
+        for label, repeats in run["restore"].items():
             last = repeats[-1]  # reads are deterministic; times vary
-            rec[f"restore_{world}"] = {
+            rec[f"restore_{label}"] = {
                 "per_rank": [
                     {k: r[k] for k in ("needed_bytes", "read_bytes", "requests", "seconds", "exact")} for r in last
                 ],
@@ -260,41 +364,68 @@ def measure_store(args: Any, store: _Store, launcher: launch.Launcher) -> Record
                 "max_rank_read_over_needed": max(r["read_bytes"] / r["needed_bytes"] for r in last),
                 "requests": sum(r["requests"] for r in last),
                 "exact": all(r["exact"] for rs in repeats for r in rs),
+                "seconds": [max(r["seconds"] for r in rs) for rs in repeats],
                 "median_seconds": statistics.median(max(r["seconds"] for r in rs) for rs in repeats),
             }
         out[layout] = rec
     out["split_over_whole_take"] = out["split"]["median_take_s"] / out["whole"]["median_take_s"]
+    out["split_over_whole_restore"] = {
+        label: out["split"][f"restore_{label}"]["median_seconds"] / out["whole"][f"restore_{label}"]["median_seconds"]
+        for label, _, _ in targets
+    }
     return out
+
+
+def _table_lines(title: str, ranks: int, res: Record, labels: Sequence[str]) -> list[str]:
+    lines = [""]
+    lines += R.table(
+        f"{title}: layout<7|boxes/tensor>12|ranks>10|read/needed>12|max rank>9|requests>9|restore s>10|take s>8",
+        [
+            (
+                layout,
+                res[layout]["stored_boxes_per_tensor"],
+                f"{ranks}->{label}",
+                f"{r['read_over_needed']:.3f}x",
+                f"{r['max_rank_read_over_needed']:.3f}x",
+                r["requests"],
+                f"{r['median_seconds']:.2f}",
+                f"{res[layout]['median_take_s']:.2f}",
+            )
+            for layout in LAYOUTS
+            for label in labels
+            for r in [res[layout][f"restore_{label}"]]
+        ],
+    )
+    lines.append(f"take, split over whole (median): {res['split_over_whole_take']:.2f}x")
+    lines.append(
+        "restore, split over whole (median): "
+        + ", ".join(f"{label} {ratio:.2f}x" for label, ratio in res["split_over_whole_restore"].items())
+    )
+    return lines
 
 
 def render(report: Record) -> str:
     lines = [R.machine_line(report["machine"], fs=False)]
     a = report["args"]
-    lines.append(
-        f"{a['tensors']} x {R.fmt_bytes(a['tensor_bytes'])} float32 Shard(1) DTensors, {COLUMNS} columns, "
-        f"taken on {a['ranks']} gloo ranks, restored into Shard(1) on {a['restore_ranks']}; {a['repeat']} repeats"
-    )
-    for store, res in report["stores"].items():
-        lines.append("")
-        lines += R.table(
-            f"{store}: layout<7|boxes/tensor>12|ranks>6|read/needed>12|max rank>9|requests>9|restore s>10|take s>8",
-            [
-                (
-                    layout,
-                    res[layout]["stored_boxes_per_tensor"],
-                    f"{a['ranks']}->{world}",
-                    f"{r['read_over_needed']:.3f}x",
-                    f"{r['max_rank_read_over_needed']:.3f}x",
-                    r["requests"],
-                    f"{r['median_seconds']:.2f}",
-                    f"{res[layout]['median_take_s']:.2f}",
-                )
-                for layout in LAYOUTS
-                for world in a["restore_ranks"]
-                for r in [res[layout][f"restore_{world}"]]
-            ],
+    scenarios = a["scenarios"].split(",")
+    if "columns" in scenarios:
+        lines.append(
+            f"columns: {a['tensors']} x {R.fmt_bytes(a['tensor_bytes'])} float32 Shard(1) DTensors, {COLUMNS} "
+            f"columns, taken on {a['ranks']} gloo ranks, restored into Shard(1) on {a['restore_ranks']}"
         )
-        lines.append(f"take, split over whole (median): {res['split_over_whole_take']:.2f}x")
+    if "rows" in scenarios:
+        lines.append(
+            f"rows: a {R.fmt_bytes(a['rows_bytes'])} float32 [{a['rows_bytes'] // (4 * ROW_COLUMNS)}, {ROW_COLUMNS}] "
+            f"Shard(0) table taken on {a['ranks']} gloo ranks, restored into Shard(1)/Shard(0) on {a['ranks'] // 2} "
+            f"and Shard(0) on {a['ranks']}"
+        )
+    lines.append(f"{a['repeat']} repeats, layouts interleaved")
+    for store, res in report["stores"].items():
+        if "columns" in scenarios:
+            lines += _table_lines(f"{store} columns", a["ranks"], res, [str(w) for w in a["restore_ranks"]])
+        if "rows" in scenarios:
+            labels = list(res["rows"]["split_over_whole_restore"])
+            lines += _table_lines(f"{store} rows", a["ranks"], res["rows"], labels)
     return "\n".join(lines)
 
 
@@ -306,10 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restore-ranks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3])
     ap.add_argument("--tensors", type=int, default=2)
     ap.add_argument("--tensor-bytes", type=cli.parse_size, default=256 * cli.MiB)
+    ap.add_argument("--rows-bytes", type=cli.parse_size, default=cli.GiB)
+    ap.add_argument("--scenarios", default="columns,rows")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--stores", default="local,s3")
     ap.add_argument("--scratch", default=None, help="directory for local snapshots (default: a temp dir)")
-    ap.add_quick("2 x 16 MiB, one repeat", tensor_bytes=16 * cli.MiB, repeat=1)
+    ap.add_quick("2 x 16 MiB and 128 MiB, one repeat", tensor_bytes=16 * cli.MiB, rows_bytes=128 * cli.MiB, repeat=1)
     ap.add_out(stem="bench_reshard")
     args = ap.parse(argv)
     with cli.scratch_dir(args.scratch, "bench-reshard-") as scratch, contextlib.ExitStack() as stack:
