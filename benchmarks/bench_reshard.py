@@ -7,6 +7,11 @@ Two scenarios (``--scenarios``), each in the same run for both layouts below:
     (default 2 x 256 MiB, 8,192 columns... rows follow), ``[Shard(1)]``; then each of
     ``--restore-ranks`` (default 2,3) world sizes restores them into ``[Shard(1)]`` DTensors of
     its own.
+``inproc`` (issue 27)
+    The ``rows`` table's 4 ``Shard(0)`` boxes as ``LocalChunks`` in this one process (no ranks,
+    one thread: far less noise on a shared machine), taken and restored into the same 4 boxes
+    on the local disk, ``whole`` and ``split`` alternating: the take's staging copies and the
+    restore's tile copies, measured alone. Not run by default.
 ``rows`` (issue 27)
     ``--ranks`` ranks take one float32 table of ``--rows-bytes`` (default 1 GiB, 4,096 columns:
     ``[65536, 4096]``, as ``bench_dist.py``'s reshard part) ``[Shard(0)]`` (FSDP); then it is
@@ -261,6 +266,54 @@ def _restore_rows_rank(spec: Record) -> Record:
     }
 
 
+def measure_inproc(args: Any, scratch: Path) -> Record:
+    """The ``inproc`` scenario: take and restore times of both layouts in this process."""
+    import shutil
+    import time
+
+    import torch
+
+    from snapshotkit import Snapshot, StateDict
+    from snapshotkit._format import sharded
+    from snapshotkit._format.sharded import Box, LocalChunks
+
+    torch.set_num_threads(1)
+    shape = (args.rows_bytes // (4 * ROW_COLUMNS), ROW_COLUMNS)
+    quarter = shape[0] // 4
+    boxes = [Box((i * quarter, 0), (quarter, ROW_COLUMNS)) for i in range(4)]
+    held = tuple(
+        (box, _table_values(slice(box.offsets[0], box.offsets[0] + quarter), slice(0, ROW_COLUMNS))) for box in boxes
+    )
+    into = tuple((box, torch.zeros(quarter, ROW_COLUMNS)) for box in boxes)
+    saved = sharded.COLUMN_SPLIT_MAX_PARTS
+    times: dict[str, dict[str, list[float]]] = {layout: {"take": [], "restore": []} for layout in LAYOUTS}
+    try:
+        for repeat in range(args.repeat):
+            for layout, max_parts in LAYOUTS.items():
+                sharded.COLUMN_SPLIT_MAX_PARTS = saved if max_parts is None else max_parts
+                path = str(scratch / f"inproc-{layout}-{repeat}")
+                start = time.perf_counter()
+                Snapshot.take(path, {"m": StateDict(t=LocalChunks(torch.float32, shape, held))})
+                taken = time.perf_counter()
+                Snapshot(path).restore({"m": StateDict(t=LocalChunks(torch.float32, shape, into))})
+                restored = time.perf_counter()
+                if not all(torch.equal(a, b) for (_, a), (_, b) in zip(held, into, strict=True)):
+                    raise RuntimeError(f"inproc {layout}: the restore is not bit-exact")
+                times[layout]["take"].append(taken - start)
+                times[layout]["restore"].append(restored - taken)
+                shutil.rmtree(path)
+                R.progress(f"[inproc] {layout} #{repeat}: take {taken - start:.2f} s, restore {restored - taken:.2f} s")
+    finally:
+        sharded.COLUMN_SPLIT_MAX_PARTS = saved
+    out: Record = {
+        layout: {op: {"seconds": t, "median_s": statistics.median(t)} for op, t in ops.items()}
+        for layout, ops in times.items()
+    }
+    for op in ("take", "restore"):
+        out[f"split_over_whole_{op}"] = out["split"][op]["median_s"] / out["whole"][op]["median_s"]
+    return out
+
+
 def _run(launcher: launch.Launcher, world: int, spec: Record) -> list[Record]:
     results = launcher.run_ranks(spec, world)
     failed = [r for r in results if r.get("ok") is False]
@@ -379,7 +432,7 @@ def _measure(
 def _table_lines(title: str, ranks: int, res: Record, labels: Sequence[str]) -> list[str]:
     lines = [""]
     lines += R.table(
-        f"{title}: layout<7|boxes/tensor>12|ranks>10|read/needed>12|max rank>9|requests>9|restore s>10|take s>8",
+        f"{title}: layout<7|boxes/tensor>13|ranks>12|read/needed>12|max rank>9|requests>9|restore s>10|take s>8",
         [
             (
                 layout,
@@ -420,6 +473,16 @@ def render(report: Record) -> str:
             f"and Shard(0) on {a['ranks']}"
         )
     lines.append(f"{a['repeat']} repeats, layouts interleaved")
+    if "inproc" in report:
+        res = report["inproc"]
+        lines.append("")
+        lines.append("inproc (one process, 4 Shard(0) boxes as LocalChunks, local disk), medians:")
+        for op in ("take", "restore"):
+            w, sp = res["whole"][op], res["split"][op]
+            lines.append(
+                f"  {op}: whole {w['median_s']:.3f} s {[round(t, 2) for t in w['seconds']]}, split "
+                f"{sp['median_s']:.3f} s {[round(t, 2) for t in sp['seconds']]}: {res[f'split_over_whole_{op}']:.3f}x"
+            )
     for store, res in report["stores"].items():
         if "columns" in scenarios:
             lines += _table_lines(f"{store} columns", a["ranks"], res, [str(w) for w in a["restore_ranks"]])
@@ -449,7 +512,10 @@ def main(argv: list[str] | None = None) -> int:
         report = R.new_report("bench_reshard", scratch, args=vars(args))
         launcher = launch.Launcher("forkserver", RANKS_TIMEOUT_S, run=_rank_main, workdir=scratch, preload=PRELOAD)
         report["stores"] = {}
-        for store in _stores(args.stores.split(","), scratch, stack):
+        if "inproc" in args.scenarios.split(","):
+            report["inproc"] = measure_inproc(args, scratch)
+        stores = [] if set(args.scenarios.split(",")) <= {"inproc"} else args.stores.split(",")
+        for store in _stores(stores, scratch, stack):
             report["stores"][store.name] = measure_store(args, store, launcher)
         report["activity"] = R.other_activity()
         R.write_report(report, args.out, render(report))

@@ -360,8 +360,8 @@ class LeafLoader:
         local shards, in place; a plain tensor of that shape and dtype is filled whole; anything
         else gets a new tensor with the whole global value. Only pieces (whole row blocks of a
         stored shard) that overlap a destination box are read, each verified as a whole; a take
-        stores a ``Shard(1)`` box as column sub-boxes, so a box needing some of its columns
-        reads only the sub-boxes holding them.
+        stores a large ``Shard(1)`` or ``Shard(0)`` box as column sub-boxes, so a box needing
+        some of its columns reads only the sub-boxes holding them.
         """
         dtype = dtype_from_name(entry.dtype)
         whole = Box((0,) * len(entry.shape), entry.shape)
