@@ -51,11 +51,12 @@ from snapshotkit._restore.plan import (
     rank_view,
     subtree,
 )
+from snapshotkit._restore.runs import read_runs
 from snapshotkit._restore.share import ShareSession, Transfer, open_session
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._runtime.gc import gc_paused
-from snapshotkit._runtime.loop import run_sync
+from snapshotkit._runtime.loop import gather_or_cancel, run_sync
 from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit._runtime.touched import mark_touched
 from snapshotkit._text import first_few
@@ -96,15 +97,29 @@ async def _read_and_close(
         loader.allocate()
         loader.begin_fetch()
         if bar is not None:
-            bar.set_total(sum(read.piece.nbytes for read in loader.reads))
-        return probed_bytes + await read_pieces(
+            bar.set_total(sum(read.piece.nbytes for read in loader.reads) + sum(run.nbytes for run in loader.runs))
+        budget = MemoryBudget(config.memory_budget_bytes)
+        on_bytes = bar.advance if bar is not None and bar.enabled else None
+        reads = read_pieces(
             plugin,
             loader.reads,
-            budget=MemoryBudget(config.memory_budget_bytes),
+            budget=budget,
             io_concurrency=config.io_concurrency,
             verify=config.verify_checksums,
-            on_bytes=bar.advance if bar is not None and bar.enabled else None,
+            on_bytes=on_bytes,
         )
+        if not loader.runs:
+            return probed_bytes + await reads
+        runs = read_runs(
+            plugin,
+            loader.runs,
+            budget=budget,
+            io_concurrency=config.io_concurrency,
+            verify=config.verify_checksums,
+            on_bytes=on_bytes,
+        )
+        read_bytes: int = sum(await gather_or_cancel([reads, runs]))
+        return probed_bytes + read_bytes
     finally:
         await plugin.close()
 
@@ -175,7 +190,8 @@ def _restore_rank(
     """Restore this rank's state: its report, the bytes it read and received, and the entries
     restored (leaves and containers)."""
     session = open_session(group, config)
-    loader = LeafLoader(weights_only=weights_only)
+    # Runs of in-place reads are fetched on their own; the sharing of pieces between ranks reads per piece.
+    loader = LeafLoader(weights_only=weights_only, runs=session is None)
     try:
         states_of = validate_app_state(app_state)  # before anything is read: a wrong argument says so
         metadata = load()

@@ -24,6 +24,7 @@ from snapshotkit._format.serialization import (
 )
 from snapshotkit._format.sharded import Box, box_slice, destination_boxes, is_sharded, overlap, piece_boxes
 from snapshotkit._restore.fetch import Claim, PieceRead
+from snapshotkit._restore.runs import InPlaceRun
 from snapshotkit.errors import ManifestError, RestoreMemoryError, StateMismatchError
 
 
@@ -34,7 +35,7 @@ def tensor_matches(entry: TensorEntry, value: object) -> bool:
     return (
         isinstance(value, torch.Tensor)
         and value.shape == entry.shape
-        and _DTYPE_NAMES.get(value.dtype) == entry.dtype
+        and DTYPE_NAMES.get(value.dtype) == entry.dtype
         and value.layout == torch.strided
         and not value.is_quantized
     )
@@ -42,11 +43,11 @@ def tensor_matches(entry: TensorEntry, value: object) -> bool:
 
 def dtype_name_of(dtype: torch.dtype) -> str | None:
     """The manifest's name of ``dtype`` (a dictionary lookup: ``str(dtype)`` costs a microsecond)."""
-    return _DTYPE_NAMES.get(dtype)
+    return DTYPE_NAMES.get(dtype)
 
 
 #: torch dtype -> manifest name, built once: ``str(dtype)`` costs a microsecond per call.
-_DTYPE_NAMES: dict[torch.dtype, str] = {d: dtype_name(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
+DTYPE_NAMES: dict[torch.dtype, str] = {d: dtype_name(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
 def describe_mismatch(logical_path: str, entry: TensorEntry, value: torch.Tensor) -> StateMismatchError:
@@ -75,9 +76,14 @@ class _Slot:
 class LeafLoader:
     """Collects the piece reads for many leaves; the thunks :meth:`add` returns give the values once they ran."""
 
-    def __init__(self, *, weights_only: bool) -> None:
+    def __init__(self, *, weights_only: bool, runs: bool = False) -> None:
         self.weights_only = weights_only
         self.reads: list[PieceRead] = []
+        #: Whether the caller fetches :attr:`runs` too (:func:`~.runs.read_runs`); if not, planning
+        #: from columns adds a read per tensor to :attr:`reads` instead.
+        self.takes_runs = runs
+        #: Tensors read in place as arrays (:meth:`add_run`).
+        self.runs: list[InPlaceRun] = []
         #: Pieces read into memory the restore allocates; checked before :meth:`allocate`.
         self.claims: list[Claim] = []
         self._fresh_bytes = 0
@@ -93,7 +99,8 @@ class LeafLoader:
         #: ``_in_place`` is built only if another entry meets the same memory). A second stored
         #: tensor whose destination is the same memory (tied in the app state, two tensors in the
         #: snapshot) is read aside and compared, never into the same bytes.
-        self._in_place_memory: dict[tuple[Any, ...], tuple[str, tuple[Piece, torch.Tensor] | None]] = {}
+        #: (An entry of a run holds ``(run, index)`` there.)
+        self._in_place_memory: dict[tuple[Any, ...], tuple[str, tuple[Any, Any] | None]] = {}
         #: The CUDA devices whose caller's stream :meth:`_after_queued_work` synchronized.
         self._synced_devices: set[int | None] = set()
         #: Whether some read lands in the caller's own memory (an in-place destination).
@@ -183,12 +190,36 @@ class LeafLoader:
             memory (tied destinations: :meth:`add` compares or skips).
         """
         address = destination.data_ptr()
+        if self.runs and self._in_run((_CPU, address)) is not None:
+            return False
         known = self._in_place_memory.setdefault((_CPU, address), (logical_path, (piece, destination)))
         if known[0] is not logical_path:  # tied to an entry planned earlier: add() compares or skips
             return False
         self.writes_in_place = True
         self.reads.append(PieceRead(piece, logical_path, memory_view(address, piece.nbytes)))
         return True
+
+    def in_place_addresses(self) -> list[int]:
+        """The addresses of the CPU memory some entry planned so far is read into in place."""
+        found = [address for device, address in self._in_place_memory if device == _CPU]
+        return found + [address for run in self.runs for address in run.addresses.tolist()]
+
+    def add_run(self, run: InPlaceRun) -> None:
+        """Plan reading ``run`` in place: its destinations passed :meth:`add_piece_in_place`'s
+        checks, and none is memory another entry planned so far is read into, nor another's of
+        the run. An entry planned later into one of them meets it as :meth:`add` meets any."""
+        self.writes_in_place = True
+        self.runs.append(run)
+
+    def _in_run(self, memory: tuple[Any, ...]) -> tuple[str, tuple[Any, Any]] | None:
+        """What :attr:`_in_place_memory` would hold for ``memory`` if runs were entered there:
+        ``(logical path, (run, index))`` of the run entry read into it, or None."""
+        if memory[0] == _CPU:
+            for run in self.runs:
+                i = run.index_of(memory[1])
+                if i is not None:
+                    return run.paths[i], (run, i)
+        return None
 
     def add_stored_bytes(self, logical_path: str, piece: Piece) -> Callable[[], bytes]:
         """Plan reading the bytes of ``piece`` as stored (verified, not deserialized).
@@ -288,8 +319,13 @@ class LeafLoader:
             target: torch.Tensor = destination.detach()
             key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
             memory = (target.device, target.data_ptr())
-            earlier, fast = self._in_place_memory.setdefault(memory, (logical_path, None))
-            if fast is not None:  # planned by add_in_place: its key is needed now
+            known = self._in_place_memory.get(memory)
+            if known is None:
+                known = self._in_place_memory[memory] = (self.runs and self._in_run(memory)) or (logical_path, None)
+            earlier, fast = known
+            if fast is not None:  # planned by add_in_place or in a run: its key is needed now
+                if type(fast[0]) is InPlaceRun:
+                    fast = (fast[0].piece_at(fast[1]), fast[0].destinations[fast[1]])
                 self._in_place.add(_in_place_key(*fast))
                 self._in_place_memory[memory] = (earlier, None)
             if key not in self._in_place:
