@@ -10,6 +10,7 @@ straight from the columns; every other tensor is built and planned as before.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Callable, Iterator, Mapping
@@ -27,20 +28,27 @@ from snapshotkit._restore.runs import InPlaceRun
 
 
 class _Lists:
-    """The columns planning reads per entry, as Python lists (one conversion of each column)."""
+    """The columns planning reads per entry, as Python lists (each converted once, when first read)."""
 
     def __init__(self, c: TensorColumns) -> None:
-        self.kind, self.dtype, self.replicated = c.kind.tolist(), c.dtype.tolist(), c.replicated.tolist()
-        self.piece_offsets, self.dim_offsets, self.dims = (
-            c.piece_offsets.tolist(),
-            c.dim_offsets.tolist(),
-            c.dims.tolist(),
-        )
-        self.length, self.start, self.checksum = c.length.tolist(), c.start.tolist(), c.checksum.tolist()
-        self.location, self.base = c.location.tolist(), c.base.tolist()
-        self.hexes, self.locations, self.bases = c.hashes.hex(), c.locations, c.bases
         self._columns: TensorColumns = c
         self._simple: np.ndarray | None = None
+        self.locations, self.bases = c.locations, c.bases
+
+    @functools.cached_property
+    def replicated(self) -> list[int]:
+        return self._columns.replicated.tolist()  # type: ignore[no-any-return]
+
+    @functools.cached_property
+    def piece_offsets(self) -> list[int]:
+        return self._columns.piece_offsets.tolist()  # type: ignore[no-any-return]
+
+    @functools.cached_property
+    def _pieces(self) -> tuple[list[int], list[int], list[int], list[int], list[int], str]:
+        c = self._columns
+        columns = (c.location, c.start, c.length, c.checksum, c.base)
+        location, start, length, checksum, base = (column.tolist() for column in columns)
+        return location, start, length, checksum, base, c.hashes.hex()
 
     def simple(self) -> np.ndarray:
         """Per entry: whether it is a raw tensor of one non-empty piece of this snapshot (not of a base)."""
@@ -56,15 +64,9 @@ class _Lists:
 
     def piece(self, j: int) -> Piece:
         """Piece ``j``, as the manifest's entry holds it."""
-        digest = self.hexes[32 * j : 32 * j + 32]
-        return make_piece(
-            self.locations[self.location[j]],
-            self.start[j],
-            self.length[j],
-            self.checksum[j],
-            digest,
-            self.bases[self.base[j]],
-        )
+        location, start, length, checksum, base, hexes = self._pieces
+        digest = hexes[32 * j : 32 * j + 32]
+        return make_piece(self.locations[location[j]], start[j], length[j], checksum[j], digest, self.bases[base[j]])
 
 
 class ColumnView(Mapping[str, Entry]):
@@ -97,15 +99,23 @@ class ColumnView(Mapping[str, Entry]):
 
     def subtree(self, root: str) -> tuple[dict[str, DictEntry | ListEntry], ColumnView]:
         """The containers and leaves at or below ``root`` (:func:`~.plan.subtree`)."""
-        containers: dict[str, DictEntry | ListEntry] = {}
-        leaves: dict[str, Entry | int] = {}
         below = root + "/"
-        for path, slot in self.slots.items():
-            if path == root or path.startswith(below):
-                if isinstance(slot, (DictEntry, ListEntry)):
-                    containers[path] = slot
-                else:
-                    leaves[path] = slot
+        paths = list(self.slots)
+        within = list(map(str.startswith, paths, itertools.repeat(below)))
+        if root in self.slots:
+            within[paths.index(root)] = True
+        inside = list(itertools.compress(paths, within))
+        if len(inside) == len(self.slots):  # one app_state key: everything (a dict copy runs in C)
+            leaves = dict(self.slots)
+        else:
+            slots = self.slots
+            leaves = dict(zip(inside, map(slots.__getitem__, inside), strict=True))
+        containers: dict[str, DictEntry | ListEntry] = {}
+        for path in [path for path, slot in leaves.items() if type(slot) is not int]:
+            slot = leaves[path]
+            if isinstance(slot, (DictEntry, ListEntry)):
+                containers[path] = slot
+                del leaves[path]
         return containers, ColumnView(self.columns, leaves, self.lists)
 
 
@@ -116,20 +126,20 @@ def column_rank_view(metadata: SnapshotMetadata, rank: int) -> ColumnView | None
     if not isinstance(manifest, ColumnarManifest) or rank >= metadata.world_size:
         return None
     c = manifest.tensor_columns()  # checks the containers first, as iterating the manifest does
-    kinds = c.kind.tolist()
 
-    def segment(r: int) -> list[int]:  # the indices of rank r's entries, in the writer's order
+    def segment(r: int) -> np.ndarray:  # the indices of rank r's entries, in the writer's order
         low, high = (int(x) for x in np.searchsorted(c.rank, [r, r + 1]))
-        indices: list[int] = (low + np.argsort(c.order[low:high], kind="stable")).tolist()
-        return indices
+        return low + np.argsort(c.order[low:high], kind="stable")
 
     paths = c.paths
-    slots: dict[str, Entry | int] = {}
-    for i in segment(rank):
-        slots[paths[i]] = c.entry(i) if kinds[i] == KIND_ROW else i
+    own = segment(rank)
+    indices = own.tolist()
+    slots: dict[str, Entry | int] = dict(zip(map(paths.__getitem__, indices), indices, strict=True))
+    for i in own[c.kind[own] == KIND_ROW].tolist():  # rows keep their place in the writer's order
+        slots[paths[i]] = c.entry(i)
     if rank != 0:
-        replicated = c.replicated.tolist()
-        for i in segment(0):
+        kinds, replicated = c.kind.tolist(), c.replicated.tolist()
+        for i in segment(0).tolist():
             if paths[i] not in slots:
                 if kinds[i] != KIND_ROW:
                     if replicated[i]:
