@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from snapshotkit._format.checksum import crc32c
+from snapshotkit._format.checksum import crc32c_each
 from snapshotkit._format.entries import Piece
 from snapshotkit._format.serialization import memory_view
 from snapshotkit._restore.failures import storage_failure
@@ -130,7 +130,7 @@ def _batches(run: InPlaceRun, max_batch_bytes: int) -> list[_Batch]:
 def _check(batch: _Batch, views: Sequence[memoryview]) -> None:
     """Every piece of ``batch`` against its CRC-32C; the first mismatch raises, naming its path."""
     run, members = batch.run, batch.members
-    got = np.fromiter(map(crc32c, views), dtype=np.uint32, count=len(views))
+    got = np.array(crc32c_each(views), dtype=np.uint32)
     bad = np.flatnonzero(got != run.checksum[members])
     if len(bad):
         i, k = int(members[bad[0]]), int(bad[0])
