@@ -279,3 +279,24 @@ async def read_pieces(
             read.consume(0, memoryview(b""))
     await gather_or_cancel([*(admitted_batch(b) for b in batches), *(admitted_stream(r) for r in streamed)])
     return sum(batch.nbytes for batch in batches) + sum(read.piece.nbytes for read in streamed)
+
+
+def union_bytes(pieces: Iterable[Piece]) -> int:
+    """Bytes covered by the union of the pieces' ranges, per data object; a reference to a base's
+    piece counts each time it is used (an incremental take references one base piece for every
+    piece of its bytes, so equal pieces of a new snapshot legitimately share it)."""
+    by_location: dict[str, list[tuple[int, int]]] = {}
+    total = 0
+    for piece in pieces:
+        if piece.base is not None:
+            total += piece.nbytes
+        else:
+            by_location.setdefault(piece.address, []).append(piece.byte_range)
+    for ranges in by_location.values():
+        covered_to = 0
+        for start, end in sorted(ranges):
+            start = max(start, covered_to)
+            if end > start:
+                total += end - start
+                covered_to = end
+    return total

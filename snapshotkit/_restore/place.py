@@ -23,8 +23,8 @@ from snapshotkit._format.serialization import (
     tensor_from_bytes,
 )
 from snapshotkit._format.sharded import Box, box_slice, destination_boxes, is_sharded, overlap, piece_boxes
-from snapshotkit._restore.fetch import Claim, PieceRead
-from snapshotkit._restore.runs import InPlaceRun
+from snapshotkit._restore.fetch import Claim, PieceRead, union_bytes
+from snapshotkit._restore.runs import InPlaceRun, run_holding
 from snapshotkit.errors import ManifestError, RestoreMemoryError, StateMismatchError
 
 
@@ -212,14 +212,8 @@ class LeafLoader:
         self.runs.append(run)
 
     def _in_run(self, memory: tuple[Any, ...]) -> tuple[str, tuple[Any, Any]] | None:
-        """What :attr:`_in_place_memory` would hold for ``memory`` if runs were entered there:
-        ``(logical path, (run, index))`` of the run entry read into it, or None."""
-        if memory[0] == _CPU:
-            for run in self.runs:
-                i = run.index_of(memory[1])
-                if i is not None:
-                    return run.paths[i], (run, i)
-        return None
+        """What :attr:`_in_place_memory` would hold for ``memory`` if runs were entered there."""
+        return run_holding(self.runs, memory[1]) if memory[0] == _CPU else None
 
     def add_stored_bytes(self, logical_path: str, piece: Piece) -> Callable[[], bytes]:
         """Plan reading the bytes of ``piece`` as stored (verified, not deserialized).
@@ -258,7 +252,7 @@ class LeafLoader:
                 they are read from (pieces reused across tensors of another dtype or shape).
             RestoreMemoryError: torch cannot allocate a tensor of the recorded size.
         """
-        stored = _union_bytes([claim.piece for claim in self.claims if claim.fresh_tensor])
+        stored = union_bytes([claim.piece for claim in self.claims if claim.fresh_tensor])
         if self._fresh_bytes > stored:
             raise ManifestError(
                 f"the manifest asks for {self._fresh_bytes} bytes of new tensors read from {stored} stored bytes: "
@@ -510,24 +504,3 @@ def _new_tensor(logical_path: str, shape: tuple[int, ...], dtype: torch.dtype) -
             f"cannot allocate {nbytes} bytes for {logical_path!r} (dtype {str(dtype)[6:]} shape {list(shape)}): "
             "restore it in place into an existing tensor, or read it on a machine with more memory"
         ) from exc
-
-
-def _union_bytes(pieces: Iterable[Piece]) -> int:
-    """Bytes covered by the union of the pieces' ranges, per data object; a reference to a base's
-    piece counts each time it is used (an incremental take references one base piece for every
-    piece of its bytes, so equal pieces of a new snapshot legitimately share it)."""
-    by_location: dict[str, list[tuple[int, int]]] = {}
-    total = 0
-    for piece in pieces:
-        if piece.base is not None:
-            total += piece.nbytes
-        else:
-            by_location.setdefault(piece.address, []).append(piece.byte_range)
-    for ranges in by_location.values():
-        covered_to = 0
-        for start, end in sorted(ranges):
-            start = max(start, covered_to)
-            if end > start:
-                total += end - start
-                covered_to = end
-    return total

@@ -82,6 +82,16 @@ class InPlaceRun:
         return np.argsort(self.addresses, kind="stable")
 
 
+def run_holding(runs: Sequence[InPlaceRun], address: int) -> tuple[str, tuple[InPlaceRun, int]] | None:
+    """``(logical path, (run, index))`` of the tensor of ``runs`` whose destination starts at the
+    CPU ``address``, or None."""
+    for run in runs:
+        i = run.index_of(address)
+        if i is not None:
+            return run.paths[i], (run, i)
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class _Batch:
     """One ranged read ``[start, end)`` of ``location`` that fills tensors ``members`` of ``run``
