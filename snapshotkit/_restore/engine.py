@@ -57,7 +57,7 @@ from snapshotkit._restore.share import ShareSession, Transfer, open_session
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._runtime.gc import gc_paused
-from snapshotkit._runtime.loop import gather_or_cancel, run_sync
+from snapshotkit._runtime.loop import run_sync
 from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit._runtime.touched import mark_touched
 from snapshotkit._text import first_few
@@ -101,17 +101,9 @@ async def _read_and_close(
             bar.set_total(sum(read.piece.nbytes for read in loader.reads) + sum(run.nbytes for run in loader.runs))
         budget = MemoryBudget(config.memory_budget_bytes)
         on_bytes = bar.advance if bar is not None and bar.enabled else None
-        reads = read_pieces(
-            plugin,
-            loader.reads,
-            budget=budget,
-            io_concurrency=config.io_concurrency,
-            verify=config.verify_checksums,
-            on_bytes=on_bytes,
-        )
-        if not loader.runs:
-            return probed_bytes + await reads
-        runs = read_runs(
+        # The runs first, then the other reads, not both at once: a data object that cannot be
+        # read fails in the same reads every time, naming the same logical paths.
+        run_bytes = await read_runs(
             plugin,
             loader.runs,
             budget=budget,
@@ -119,8 +111,18 @@ async def _read_and_close(
             verify=config.verify_checksums,
             on_bytes=on_bytes,
         )
-        read_bytes: int = sum(await gather_or_cancel([reads, runs]))
-        return probed_bytes + read_bytes
+        return (
+            probed_bytes
+            + run_bytes
+            + await read_pieces(
+                plugin,
+                loader.reads,
+                budget=budget,
+                io_concurrency=config.io_concurrency,
+                verify=config.verify_checksums,
+                on_bytes=on_bytes,
+            )
+        )
     finally:
         await plugin.close()
 

@@ -137,6 +137,35 @@ def _batches(run: InPlaceRun, max_batch_bytes: int) -> list[_Batch]:
     return batches
 
 
+def _joined(runs: Sequence[InPlaceRun]) -> InPlaceRun:
+    """``runs`` (one per app_state key) as one run, so that their pieces share ranged reads."""
+    if len(runs) == 1:
+        return runs[0]
+    where: dict[str, int] = {}
+    location = []
+    for run in runs:  # the runs' location tables, merged
+        codes = np.array([where.setdefault(name, len(where)) for name in run.locations], dtype=np.int64)
+        location.append(codes[run.location] if len(codes) else run.location)
+    locations = list(where)
+    firsts = np.cumsum([0, *(len(run.paths) for run in runs)])
+
+    def piece_at(i: int) -> Piece:
+        k = int(np.searchsorted(firsts, i, "right")) - 1
+        return runs[k].piece_at(i - int(firsts[k]))
+
+    return InPlaceRun(
+        [path for run in runs for path in run.paths],
+        [tensor for run in runs for tensor in run.destinations],
+        np.concatenate([run.addresses for run in runs]),
+        np.concatenate(location),
+        np.concatenate([run.start for run in runs]),
+        np.concatenate([run.length for run in runs]),
+        np.concatenate([run.checksum for run in runs]),
+        locations,
+        piece_at,
+    )
+
+
 def _check(batch: _Batch, views: Sequence[memoryview]) -> None:
     """Every piece of ``batch`` against its CRC-32C; the first mismatch raises, naming its path."""
     run, members = batch.run, batch.members
@@ -206,7 +235,7 @@ async def read_runs(
     """Fetch every tensor of ``runs`` into its destination (module docstring); the bytes read
     from storage (the merged ranges, gaps included)."""
     max_batch_bytes = max(1, min(MAX_BATCH_BYTES, budget.total_bytes))
-    batches = [batch for run in runs for batch in _batches(run, max_batch_bytes)]
+    batches = _batches(_joined(runs), max_batch_bytes) if runs else []
     io_slots = asyncio.Semaphore(io_concurrency)
     admitted = asyncio.Semaphore(2 * io_concurrency)
 

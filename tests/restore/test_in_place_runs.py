@@ -121,3 +121,19 @@ def test_a_destination_of_another_shape_in_a_run_of_many_is_refused_before_anyth
         Snapshot(str(tmp_path / "snap")).restore({"s": StateDict(**destinations)})
     assert not state_touched(info.value)
     assert all(not v.any() for v in destinations.values())
+
+
+def test_the_runs_of_several_keys_share_reads_and_a_damaged_byte_names_its_own_path(tmp_path: Path) -> None:
+    path = tmp_path / "snap"
+    a, b = _saved(12), _saved(7)
+    Snapshot.take(str(path), {"a": StateDict(**a), "b": StateDict(**b)})
+    location, start, _ = piece_of(path, "b/t003")
+    flip_byte(location, start + 1)
+    state_a, state_b = (StateDict(**{k: torch.zeros_like(v) for k, v in s.items()}) for s in (a, b))
+    with pytest.raises(ChecksumMismatchError, match=r"logical path 'b/t003'"):
+        Snapshot(str(path)).restore({"a": state_a, "b": state_b})
+    flip_byte(location, start + 1)
+    Snapshot(str(path)).restore({"a": state_a, "b": state_b})
+    assert all(torch.equal(state_a[k], v) for k, v in a.items()) and all(
+        torch.equal(state_b[k], v) for k, v in b.items()
+    )
