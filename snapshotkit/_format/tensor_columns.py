@@ -7,14 +7,14 @@ in-place fast path (:mod:`snapshotkit._restore.columns`) plans plain one-piece t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from snapshotkit._format.entries import Entry, TensorEntry, check_containers
-
-#: Container checks read only an entry's kind and replicated flag: these stand in for the tensors.
-_STAND_INS = (TensorEntry("uint8", (0,), "raw", ()), TensorEntry("uint8", (0,), "raw", (), True))
+from snapshotkit._format.entries import DictEntry, Entry, ListEntry, is_shared, join_path
+from snapshotkit._format.pieces import _fail
+from snapshotkit.errors import ManifestError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,13 +55,60 @@ def check_column_containers(
     paths: list[str], rank: np.ndarray, kind: np.ndarray, replicated: np.ndarray, rows: list[Entry]
 ) -> None:
     """:func:`~snapshotkit._format.entries.check_containers` over columns (kind 0: the next of
-    ``rows``), with no tensor entry built.
+    ``rows``), with no key built per entry: each rank's paths as one set, the containers' children
+    looked up in it, and the same checks in the same order, so the same first error.
 
     Raises:
         ManifestError: as :func:`~snapshotkit._format.entries.check_containers`.
     """
-    next_row = iter(rows).__next__
-    flags, kinds, ranks = replicated.tolist(), kind.tolist(), rank.tolist()
-    check_containers(
-        {f"{ranks[i]}/{path}": next_row() if kinds[i] == 0 else _STAND_INS[flags[i]] for i, path in enumerate(paths)}
-    )
+    count = len(paths)
+    ranks = rank.tolist()
+    bounds = [0, *(np.flatnonzero(rank[1:] != rank[:-1]) + 1).tolist(), count]
+    held = {ranks[low]: set(paths[low:high]) for low, high in itertools.pairwise(bounds) if high > low}
+    row_at = np.flatnonzero(kind == 0).tolist()
+    zero = held.get(0, set())
+    rank_zero = bounds[1] if count and ranks[0] == 0 else 0
+    shared = set(map(paths.__getitem__, np.flatnonzero(replicated[:rank_zero]).tolist()))
+    shared.update(paths[i] for i, row in zip(row_at, rows, strict=True) if ranks[i] == 0 and is_shared(row))
+    reached: dict[int, set[str]] = {r: set() for r in held}
+    for i, row in zip(row_at, rows, strict=True):
+        if isinstance(row, DictEntry):
+            children = _children(paths[i], row.keys)
+        elif isinstance(row, ListEntry):
+            if row.length > count:  # each child needs an entry: refuse before building names
+                raise _fail(
+                    f"{ranks[i]}/{paths[i]}", f"length {row.length} exceeds the {count} entries of the manifest"
+                )
+            children = _children(paths[i], range(row.length))
+        else:
+            continue
+        key = f"{ranks[i]}/{paths[i]}"
+        if len(set(children)) != len(children):
+            raise ManifestError(f"malformed manifest entry {key!r}: two keys name the same child")
+        own, mine = held[ranks[i]], reached[ranks[i]]
+        for child in itertools.filterfalse(own.__contains__, children):
+            if child in shared and child in zero:
+                reached[0].add(child)
+                continue
+            raise ManifestError(
+                f"malformed manifest entry {key!r}: it names child {f'{ranks[i]}/{child}'!r}, which has no entry; "
+                "the manifest is corrupt"
+            )
+        mine.update(children)
+    for low, high in itertools.pairwise(bounds):
+        if high > low:
+            r = ranks[low]
+            unreached = [path for path in set(paths[low:high]).difference(reached[r]) if "/" in path]
+            if unreached:  # a rank's paths are sorted: the first in key order is the least
+                raise _fail(f"{r}/{min(unreached)}", "no container names this entry; the manifest is corrupt")
+
+
+def _children(path: str, keys: Iterable[str | int]) -> list[str]:
+    """The logical paths of the children ``keys`` of ``path`` (:func:`~.entries.join_path` of each)."""
+    keys = list(keys)
+    if set(map(type, keys)) <= {str}:
+        text = "".join(keys)  # type: ignore[arg-type]
+        if "%" not in text and "/" not in text:  # no key needs escaping
+            prefix = path + "/"
+            return [prefix + k for k in keys]  # type: ignore[operator]
+    return [join_path(path, k) for k in keys]

@@ -10,6 +10,9 @@ straight from the columns; every other tensor is built and planned as before.
 
 from __future__ import annotations
 
+import functools
+import itertools
+import operator
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -20,34 +23,50 @@ from snapshotkit._format.columnar import KIND_RAW, KIND_ROW, ColumnarManifest, m
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import DictEntry, Entry, ListEntry, Piece, is_shared
 from snapshotkit._format.tensor_columns import TensorColumns
-from snapshotkit._restore.place import LeafLoader, dtype_name_of
+from snapshotkit._restore.place import DTYPE_NAMES, LeafLoader
+from snapshotkit._restore.runs import InPlaceRun
 
 
 class _Lists:
-    """The columns planning reads per entry, as Python lists (one conversion of each column)."""
+    """The columns planning reads per entry, as Python lists (each converted once, when first read)."""
 
     def __init__(self, c: TensorColumns) -> None:
-        self.kind, self.dtype, self.replicated = c.kind.tolist(), c.dtype.tolist(), c.replicated.tolist()
-        self.piece_offsets, self.dim_offsets, self.dims = (
-            c.piece_offsets.tolist(),
-            c.dim_offsets.tolist(),
-            c.dims.tolist(),
-        )
-        self.length, self.start, self.checksum = c.length.tolist(), c.start.tolist(), c.checksum.tolist()
-        self.location, self.base = c.location.tolist(), c.base.tolist()
-        self.hexes, self.locations, self.bases = c.hashes.hex(), c.locations, c.bases
+        self._columns: TensorColumns = c
+        self._simple: np.ndarray | None = None
+        self.locations, self.bases = c.locations, c.bases
+
+    @functools.cached_property
+    def replicated(self) -> list[int]:
+        return self._columns.replicated.tolist()  # type: ignore[no-any-return]
+
+    @functools.cached_property
+    def piece_offsets(self) -> list[int]:
+        return self._columns.piece_offsets.tolist()  # type: ignore[no-any-return]
+
+    @functools.cached_property
+    def _pieces(self) -> tuple[list[int], list[int], list[int], list[int], list[int], str]:
+        c = self._columns
+        columns = (c.location, c.start, c.length, c.checksum, c.base)
+        location, start, length, checksum, base = (column.tolist() for column in columns)
+        return location, start, length, checksum, base, c.hashes.hex()
+
+    def simple(self) -> np.ndarray:
+        """Per entry: whether it is a raw tensor of one non-empty piece of this snapshot (not of a base)."""
+        if self._simple is None:
+            c = self._columns
+            one = c.piece_offsets[1:] - c.piece_offsets[:-1] == 1
+            first = np.minimum(c.piece_offsets[:-1], max(len(c.length) - 1, 0))
+            if len(c.length):
+                one &= (c.base[first] == 0) & (c.length[first] > 0)
+            self._simple = (c.kind == KIND_RAW) & one
+        simple: np.ndarray = self._simple
+        return simple
 
     def piece(self, j: int) -> Piece:
         """Piece ``j``, as the manifest's entry holds it."""
-        digest = self.hexes[32 * j : 32 * j + 32]
-        return make_piece(
-            self.locations[self.location[j]],
-            self.start[j],
-            self.length[j],
-            self.checksum[j],
-            digest,
-            self.bases[self.base[j]],
-        )
+        location, start, length, checksum, base, hexes = self._pieces
+        digest = hexes[32 * j : 32 * j + 32]
+        return make_piece(self.locations[location[j]], start[j], length[j], checksum[j], digest, self.bases[base[j]])
 
 
 class ColumnView(Mapping[str, Entry]):
@@ -80,15 +99,23 @@ class ColumnView(Mapping[str, Entry]):
 
     def subtree(self, root: str) -> tuple[dict[str, DictEntry | ListEntry], ColumnView]:
         """The containers and leaves at or below ``root`` (:func:`~.plan.subtree`)."""
-        containers: dict[str, DictEntry | ListEntry] = {}
-        leaves: dict[str, Entry | int] = {}
         below = root + "/"
-        for path, slot in self.slots.items():
-            if path == root or path.startswith(below):
-                if isinstance(slot, (DictEntry, ListEntry)):
-                    containers[path] = slot
-                else:
-                    leaves[path] = slot
+        paths = list(self.slots)
+        within = list(map(str.startswith, paths, itertools.repeat(below)))
+        if root in self.slots:
+            within[paths.index(root)] = True
+        inside = list(itertools.compress(paths, within))
+        if len(inside) == len(self.slots):  # one app_state key: everything (a dict copy runs in C)
+            leaves = dict(self.slots)
+        else:
+            slots = self.slots
+            leaves = dict(zip(inside, map(slots.__getitem__, inside), strict=True))
+        containers: dict[str, DictEntry | ListEntry] = {}
+        for path in [path for path, slot in leaves.items() if type(slot) is not int]:
+            slot = leaves[path]
+            if isinstance(slot, (DictEntry, ListEntry)):
+                containers[path] = slot
+                del leaves[path]
         return containers, ColumnView(self.columns, leaves, self.lists)
 
 
@@ -99,20 +126,20 @@ def column_rank_view(metadata: SnapshotMetadata, rank: int) -> ColumnView | None
     if not isinstance(manifest, ColumnarManifest) or rank >= metadata.world_size:
         return None
     c = manifest.tensor_columns()  # checks the containers first, as iterating the manifest does
-    kinds = c.kind.tolist()
 
-    def segment(r: int) -> list[int]:  # the indices of rank r's entries, in the writer's order
+    def segment(r: int) -> np.ndarray:  # the indices of rank r's entries, in the writer's order
         low, high = (int(x) for x in np.searchsorted(c.rank, [r, r + 1]))
-        indices: list[int] = (low + np.argsort(c.order[low:high], kind="stable")).tolist()
-        return indices
+        return low + np.argsort(c.order[low:high], kind="stable")
 
     paths = c.paths
-    slots: dict[str, Entry | int] = {}
-    for i in segment(rank):
-        slots[paths[i]] = c.entry(i) if kinds[i] == KIND_ROW else i
+    own = segment(rank)
+    indices = own.tolist()
+    slots: dict[str, Entry | int] = dict(zip(map(paths.__getitem__, indices), indices, strict=True))
+    for i in own[c.kind[own] == KIND_ROW].tolist():  # rows keep their place in the writer's order
+        slots[paths[i]] = c.entry(i)
     if rank != 0:
-        replicated = c.replicated.tolist()
-        for i in segment(0):
+        kinds, replicated = c.kind.tolist(), c.replicated.tolist()
+        for i in segment(0).tolist():
             if paths[i] not in slots:
                 if kinds[i] != KIND_ROW:
                     if replicated[i]:
@@ -128,41 +155,131 @@ def plan_column_leaves(
     loader: LeafLoader,
     plan_leaf: Callable[[str, Entry, Any], None],
 ) -> dict[str, Any]:
-    """Plan the leaves of ``leaves``: a plain one-piece raw tensor whose destination is a plain,
-    non-empty, contiguous CPU tensor of its dtype and shape is read straight into it
-    (:meth:`~.place.LeafLoader.add_piece_in_place`); every other leaf is built and handed to
-    ``plan_leaf(path, entry, destination)``.
+    """Plan the leaves of ``leaves``: a plain one-piece raw tensor of this snapshot whose
+    destination is a plain, non-empty, contiguous CPU tensor of its dtype and shape is read
+    straight into it, all of them as one :class:`~.runs.InPlaceRun` (or, when the loader takes
+    no runs, by :meth:`~.place.LeafLoader.add_piece_in_place` each); every other leaf is built
+    and handed to ``plan_leaf(path, entry, destination)``, after the run was planned.
 
     Returns the destinations filled in place.
     """
-    c, lists = leaves.columns, leaves.lists
-    kinds, dtypes, dtype_of, lengths = lists.kind, c.dtypes, lists.dtype, lists.length
-    piece_offsets, dim_offsets, dims = lists.piece_offsets, lists.dim_offsets, lists.dims
+    all_paths, values = list(leaves.slots), list(leaves.slots.values())
+    n = len(all_paths)
+    targets_all = list(map(destinations.get, all_paths))
+    # candidates: a column index, a plain tensor destination, a raw one-piece entry of this snapshot
+    candidate = np.fromiter(map(operator.is_, map(type, values), itertools.repeat(int)), dtype=bool, count=n)
+    candidate &= np.fromiter(map(_PLAIN.__contains__, map(type, targets_all)), dtype=bool, count=n)
+    positions = np.flatnonzero(candidate)
+    picked = positions.tolist()
+    slots = np.fromiter(map(values.__getitem__, picked), dtype=np.int64, count=len(picked))
+    simple = leaves.lists.simple()[slots]
+    positions, slots = positions[simple], slots[simple]
+    picked = positions.tolist()
+    paths = list(map(all_paths.__getitem__, picked))
+    targets: list[torch.Tensor] = [targets_all[k] for k in picked]
+    fits = _fits(leaves.columns, slots, targets)
     known: dict[str, Any] = {}
-    add_piece_in_place, piece, entry = loader.add_piece_in_place, lists.piece, c.entry
-    for path, slot in leaves.slots.items():
-        destination = destinations.get(path)
-        if type(slot) is not int:
-            plan_leaf(path, slot, destination)  # type: ignore[arg-type]
-            continue
-        first = piece_offsets[slot]
-        if (
-            (type(destination) is torch.Tensor or type(destination) is torch.nn.Parameter)
-            and kinds[slot] == KIND_RAW
-            and piece_offsets[slot + 1] - first == 1
-            and dtype_name_of(destination.dtype) == dtypes[dtype_of[slot]]
-            and destination.layout == torch.strided
-            and destination.is_cpu
-            and destination.nbytes == lengths[first]
-            and lengths[first]
-            and destination.shape == tuple(dims[dim_offsets[slot] : dim_offsets[slot + 1]])
-            and destination.is_contiguous()
-            and not destination.is_conj()
-            and not destination.is_neg()
-            and not destination.is_quantized
-            and add_piece_in_place(path, piece(first), destination)
-        ):
-            known[path] = destination
-            continue
-        plan_leaf(path, entry(slot), destination)
+    if fits.any():
+        known = _plan_fitting(leaves, loader, fits, paths, slots, targets)
+    candidate[:] = False
+    candidate[positions[fits]] = True
+    entry = leaves.columns.entry
+    for k in np.flatnonzero(~candidate).tolist():  # the rest go the general way, in the order of the leaves
+        slot = values[k]
+        plan_leaf(all_paths[k], entry(slot) if type(slot) is int else slot, targets_all[k])  # type: ignore[arg-type]
     return known
+
+
+_PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))
+
+
+def _fits(c: TensorColumns, slots: np.ndarray, targets: list[torch.Tensor]) -> np.ndarray:
+    """Per candidate: whether its destination is a plain contiguous CPU tensor of the entry's
+    dtype and shape, without a lazy conj/neg bit, checked column by column (a quantized
+    tensor's dtype is never a raw dtype, so the dtype check refuses it)."""
+    n = len(targets)
+    if not n:
+        return np.zeros(0, dtype=bool)
+
+    def column(values: Iterator[Any], dtype: Any = bool) -> np.ndarray:
+        return np.fromiter(values, dtype=dtype, count=n)
+
+    tensor = torch.Tensor
+    fits = column(map(operator.is_, map(_LAYOUT, targets), itertools.repeat(torch.strided)))
+    fits &= column(map(_IS_CPU, targets))
+    fits &= column(map(tensor.is_contiguous, targets))
+    fits &= ~column(map(tensor.is_conj, targets))
+    fits &= ~column(map(tensor.is_neg, targets))
+    code_of = _Codes({dtype: c.dtypes.index(name) for dtype, name in DTYPE_NAMES.items() if name in c.dtypes})
+    fits &= column(map(code_of.__getitem__, map(_DTYPE, targets)), np.int64) == c.dtype[slots]
+    # dtype and shape decide the bytes: decoding checked that the piece holds the shape's bytes
+    shapes = list(map(_SHAPE, targets))
+    ndim = column(map(len, shapes), np.int64)
+    low = c.dim_offsets[slots]
+    fits &= ndim == c.dim_offsets[slots + 1] - low
+    same = fits.nonzero()[0]
+    sizes = np.fromiter(itertools.chain.from_iterable(map(shapes.__getitem__, same.tolist())), np.int64)
+    counts = ndim[same]
+    # the saved dims of the candidates whose ndim matches, in the same order as ``sizes``
+    firsts = np.repeat(low[same] - np.cumsum(counts) + counts, counts) + np.arange(len(sizes))
+    differs = np.bincount(np.repeat(np.arange(len(same)), counts), weights=sizes != c.dims[firsts], minlength=len(same))
+    fits[same[differs > 0]] = False
+    return fits
+
+
+class _Codes(dict[torch.dtype, int]):
+    """torch dtype -> index in the manifest's dtype table; -1 for one it does not hold."""
+
+    def __missing__(self, key: torch.dtype) -> int:
+        return -1
+
+
+_LAYOUT, _IS_CPU, _DTYPE = operator.attrgetter("layout"), operator.attrgetter("is_cpu"), operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
+
+
+def _plan_fitting(
+    leaves: ColumnView,
+    loader: LeafLoader,
+    fits: np.ndarray,
+    paths: list[str],
+    slots: np.ndarray,
+    targets: list[torch.Tensor],
+) -> dict[str, Any]:
+    """Plan the candidates that ``fits``; those that cannot be read in place with the rest (their
+    memory is another's) are set false in ``fits``. Returns the destinations planned."""
+    c, lists = leaves.columns, leaves.lists
+    if not loader.takes_runs:
+        for k in np.flatnonzero(fits).tolist():
+            first = lists.piece_offsets[int(slots[k])]
+            if not loader.add_piece_in_place(paths[k], lists.piece(first), targets[k]):
+                fits[k] = False
+        return {paths[k]: targets[k] for k in np.flatnonzero(fits).tolist()}
+    addresses = np.fromiter(map(torch.Tensor.data_ptr, targets), dtype=np.int64, count=len(targets))
+    taken, counts = np.unique(addresses[fits], return_counts=True)
+    shared = taken[counts > 1]  # tied destinations: add() reads the first and compares the others
+    earlier = loader.in_place_addresses()
+    if len(shared) or earlier:
+        fits &= ~np.isin(addresses, np.array([*shared.tolist(), *earlier], dtype=np.int64))
+    chosen = np.flatnonzero(fits)
+    if not len(chosen):
+        return {}
+    first = c.piece_offsets[slots[chosen]]
+    chosen_list = chosen.tolist()
+    run_paths = [paths[k] for k in chosen_list]
+    run_targets = [targets[k] for k in chosen_list]
+    firsts = first.tolist()
+    loader.add_run(
+        InPlaceRun(
+            run_paths,
+            run_targets,
+            addresses[chosen],
+            c.location[first],
+            c.start[first],
+            c.length[first],
+            c.checksum[first],
+            c.locations,
+            lambda i: lists.piece(firsts[i]),
+        )
+    )
+    return dict(zip(run_paths, run_targets, strict=True))

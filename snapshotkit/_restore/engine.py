@@ -15,6 +15,7 @@ entries, bytes, seconds, GiB/s); DEBUG lines time its phases (plan, fetch, load)
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -51,6 +52,7 @@ from snapshotkit._restore.plan import (
     rank_view,
     subtree,
 )
+from snapshotkit._restore.runs import read_runs
 from snapshotkit._restore.share import ShareSession, Transfer, open_session
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.frames import drop_frames
@@ -96,14 +98,30 @@ async def _read_and_close(
         loader.allocate()
         loader.begin_fetch()
         if bar is not None:
-            bar.set_total(sum(read.piece.nbytes for read in loader.reads))
-        return probed_bytes + await read_pieces(
+            bar.set_total(sum(read.piece.nbytes for read in loader.reads) + sum(run.nbytes for run in loader.runs))
+        budget = MemoryBudget(config.memory_budget_bytes)
+        on_bytes = bar.advance if bar is not None and bar.enabled else None
+        # The runs first, then the other reads, not both at once: a data object that cannot be
+        # read fails in the same reads every time, naming the same logical paths.
+        run_bytes = await read_runs(
             plugin,
-            loader.reads,
-            budget=MemoryBudget(config.memory_budget_bytes),
+            loader.runs,
+            budget=budget,
             io_concurrency=config.io_concurrency,
             verify=config.verify_checksums,
-            on_bytes=bar.advance if bar is not None and bar.enabled else None,
+            on_bytes=on_bytes,
+        )
+        return (
+            probed_bytes
+            + run_bytes
+            + await read_pieces(
+                plugin,
+                loader.reads,
+                budget=budget,
+                io_concurrency=config.io_concurrency,
+                verify=config.verify_checksums,
+                on_bytes=on_bytes,
+            )
         )
     finally:
         await plugin.close()
@@ -175,7 +193,8 @@ def _restore_rank(
     """Restore this rank's state: its report, the bytes it read and received, and the entries
     restored (leaves and containers)."""
     session = open_session(group, config)
-    loader = LeafLoader(weights_only=weights_only)
+    # Runs of in-place reads are fetched on their own; the sharing of pieces between ranks reads per piece.
+    loader = LeafLoader(weights_only=weights_only, runs=session is None)
     try:
         states_of = validate_app_state(app_state)  # before anything is read: a wrong argument says so
         metadata = load()
@@ -213,8 +232,9 @@ def _plan_and_fetch(
     bar: ByteProgress,
 ) -> tuple[RestorePlan, Transfer, int]:
     view = column_rank_view(metadata, rank) or rank_view(metadata, rank)
-    keys = {escape_key(key) for key in states_of}
-    entries = sum(1 for logical_path in view if logical_path.split("/", 1)[0] in keys)
+    # the entries at or below each key: one pass in C per key (a restore has few keys, many entries)
+    roots = {escape_key(key) for key in states_of}
+    entries = sum(sum(map(str.startswith, view, itertools.repeat(f"{root}/"))) + (root in view) for root in roots)
     with gc_paused():
         planning_s = time.perf_counter()
         plan = plan_restore(

@@ -69,7 +69,7 @@ class Claim:
     fresh_tensor: bool
 
 
-def _verify(read: PieceRead, data: memoryview, running: int = 0, *, final: bool = True) -> int:
+def verify_read(read: PieceRead, data: memoryview, running: int = 0, *, final: bool = True) -> int:
     value = crc32c(data, running)
     if final and value != parse_checksum(read.piece.checksum):
         problem = (
@@ -84,7 +84,7 @@ def _verify(read: PieceRead, data: memoryview, running: int = 0, *, final: bool 
     return value
 
 
-def _storage_failure(exc: BaseException, location: str, logical_paths: Iterable[str]) -> IntegrityError:
+def storage_object_failure(exc: BaseException, location: str, logical_paths: Iterable[str]) -> IntegrityError:
     shown = describe_paths(logical_paths)
     if isinstance(exc, FileNotFoundError):
         return IntegrityError(
@@ -131,7 +131,9 @@ async def _run_batch(
             async with io_slots:
                 await plugin.read_into(batch.location, batch.start, buffers)
         except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
-            raise _storage_failure(exc, batch.location, [reads[r.tag].logical_path for r in batch.requests]) from exc
+            raise storage_object_failure(
+                exc, batch.location, [reads[r.tag].logical_path for r in batch.requests]
+            ) from exc
         except Exception as exc:
             paths = [reads[r.tag].logical_path for r in batch.requests]
             raise storage_failure(exc, location=batch.location, logical_paths=paths)  # noqa: B904
@@ -139,7 +141,7 @@ async def _run_batch(
         def finish() -> None:
             for read, data in targets:
                 if verify and crc32c(data) != parse_checksum(read.piece.checksum):
-                    _verify(read, data)  # raises, naming the logical path
+                    verify_read(read, data)  # raises, naming the logical path
                 if read.consume is not None:
                     read.consume(0, data)
 
@@ -170,7 +172,7 @@ async def _run_streamed(
                 async with io_slots:
                     await plugin.read_into(read.piece.address, offset, [data])
             except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
-                raise _storage_failure(exc, read.piece.address, [read.logical_path]) from exc
+                raise storage_object_failure(exc, read.piece.address, [read.logical_path]) from exc
             except Exception as exc:
                 location = read.piece.address
                 raise storage_failure(exc, location=location, logical_paths=[read.logical_path])  # noqa: B904
@@ -178,7 +180,7 @@ async def _run_streamed(
             def finish(
                 data: memoryview = data, offset: int = offset, length: int = length, running: int = running
             ) -> int:
-                value = _verify(read, data, running, final=offset + length == end) if verify else 0
+                value = verify_read(read, data, running, final=offset + length == end) if verify else 0
                 assert read.consume is not None
                 read.consume(offset - start, data)
                 return value
@@ -212,11 +214,11 @@ async def check_extents(plugin: StoragePlugin, claims: Iterable[Claim], *, io_co
             async with slots:
                 data = await plugin.read(location, ByteRange(end - 1, end))
         except (EOFError, FileNotFoundError, UnsafeStorageObjectError) as exc:
-            raise _storage_failure(exc, location, paths[location]) from exc
+            raise storage_object_failure(exc, location, paths[location]) from exc
         except Exception as exc:
             raise storage_failure(exc, location=location, logical_paths=sorted(paths[location]))  # noqa: B904
         if len(data) != 1:
-            raise _storage_failure(EOFError(f"byte {end - 1} is past the end"), location, paths[location])
+            raise storage_object_failure(EOFError(f"byte {end - 1} is past the end"), location, paths[location])
 
     probes = [probe(location, end) for location, end in furthest.items() if end > 0]
     await gather_or_cancel(probes)
@@ -272,8 +274,29 @@ async def read_pieces(
 
     for read in empty:
         if verify:
-            _verify(read, memoryview(b""))
+            verify_read(read, memoryview(b""))
         if read.consume is not None:
             read.consume(0, memoryview(b""))
     await gather_or_cancel([*(admitted_batch(b) for b in batches), *(admitted_stream(r) for r in streamed)])
     return sum(batch.nbytes for batch in batches) + sum(read.piece.nbytes for read in streamed)
+
+
+def union_bytes(pieces: Iterable[Piece]) -> int:
+    """Bytes covered by the union of the pieces' ranges, per data object; a reference to a base's
+    piece counts each time it is used (an incremental take references one base piece for every
+    piece of its bytes, so equal pieces of a new snapshot legitimately share it)."""
+    by_location: dict[str, list[tuple[int, int]]] = {}
+    total = 0
+    for piece in pieces:
+        if piece.base is not None:
+            total += piece.nbytes
+        else:
+            by_location.setdefault(piece.address, []).append(piece.byte_range)
+    for ranges in by_location.values():
+        covered_to = 0
+        for start, end in sorted(ranges):
+            start = max(start, covered_to)
+            if end > start:
+                total += end - start
+                covered_to = end
+    return total

@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from snapshotkit._format.entries import ContainerEntry, DictEntry, Entry, ListEntry, join_path
+from snapshotkit._format.entries import ContainerEntry, DictEntry, Entry, ListEntry, join_path, unescape_key
 from snapshotkit._plan.flatten import Flattened, inflate
 from snapshotkit._text import first_few
 from snapshotkit.errors import StateMismatchError
@@ -108,7 +108,7 @@ def compare(root: str, saved: Flattened, current: Flattened, *, module: bool) ->
         if not (saved_entry.keys and current_entry.keys):
             continue
         if saved_entry.keys == current_entry.keys:  # the common case: only the containers below can differ
-            stack.extend(child for key in saved_entry.keys if (child := join_path(path, key)) in saved.containers)
+            stack.extend(_child_containers(path, saved_entry.keys, saved.containers))
             continue
         saved_children = {join_path(path, key) for key in saved_entry.keys}
         current_children = {join_path(path, key): key for key in current_entry.keys}
@@ -125,6 +125,32 @@ def compare(root: str, saved: Flattened, current: Flattened, *, module: bool) ->
             if child not in current_children:
                 unexpected.extend(leaf_paths(saved, child))
     return KeyDifference(tuple(sorted(missing)), tuple(sorted(unexpected)), missing_keys)
+
+
+def _child_containers(path: str, keys: tuple[str | int, ...], containers: Mapping[str, Any]) -> list[str]:
+    """The children of the dict at ``path`` named by ``keys`` that are containers: from the keys,
+    or, when there are fewer containers than keys (a dict of many tensors), from the containers
+    (a child's name is its parent's, ``/`` and its escaped key, which holds no ``/``)."""
+    if len(containers) >= len(keys):
+        return [child for key in keys if (child := join_path(path, key)) in containers]
+    prefix, named = path + "/", set(keys)
+    found = []
+    for child in containers:
+        component = child[len(prefix) :]
+        if child.startswith(prefix) and "/" not in component:
+            key = unescape_key(component)
+            if key in named or _as_int(key) in named:
+                found.append(child)
+    return found
+
+
+def _as_int(text: str) -> int | None:
+    """The int key whose component is ``text`` (``str(key) == text``), or None."""
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if str(value) == text else None
 
 
 def merged_state(root: str, saved: Flattened, current: Flattened, difference: KeyDifference) -> Any:

@@ -23,7 +23,8 @@ from snapshotkit._format.serialization import (
     tensor_from_bytes,
 )
 from snapshotkit._format.sharded import Box, box_slice, destination_boxes, is_sharded, overlap, piece_boxes
-from snapshotkit._restore.fetch import Claim, PieceRead
+from snapshotkit._restore.fetch import Claim, PieceRead, union_bytes
+from snapshotkit._restore.runs import InPlaceRun, run_holding
 from snapshotkit.errors import ManifestError, RestoreMemoryError, StateMismatchError
 
 
@@ -34,7 +35,7 @@ def tensor_matches(entry: TensorEntry, value: object) -> bool:
     return (
         isinstance(value, torch.Tensor)
         and value.shape == entry.shape
-        and _DTYPE_NAMES.get(value.dtype) == entry.dtype
+        and DTYPE_NAMES.get(value.dtype) == entry.dtype
         and value.layout == torch.strided
         and not value.is_quantized
     )
@@ -42,11 +43,11 @@ def tensor_matches(entry: TensorEntry, value: object) -> bool:
 
 def dtype_name_of(dtype: torch.dtype) -> str | None:
     """The manifest's name of ``dtype`` (a dictionary lookup: ``str(dtype)`` costs a microsecond)."""
-    return _DTYPE_NAMES.get(dtype)
+    return DTYPE_NAMES.get(dtype)
 
 
 #: torch dtype -> manifest name, built once: ``str(dtype)`` costs a microsecond per call.
-_DTYPE_NAMES: dict[torch.dtype, str] = {d: dtype_name(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
+DTYPE_NAMES: dict[torch.dtype, str] = {d: dtype_name(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
 def describe_mismatch(logical_path: str, entry: TensorEntry, value: torch.Tensor) -> StateMismatchError:
@@ -75,9 +76,14 @@ class _Slot:
 class LeafLoader:
     """Collects the piece reads for many leaves; the thunks :meth:`add` returns give the values once they ran."""
 
-    def __init__(self, *, weights_only: bool) -> None:
+    def __init__(self, *, weights_only: bool, runs: bool = False) -> None:
         self.weights_only = weights_only
         self.reads: list[PieceRead] = []
+        #: Whether the caller fetches :attr:`runs` too (:func:`~.runs.read_runs`); if not, planning
+        #: from columns adds a read per tensor to :attr:`reads` instead.
+        self.takes_runs = runs
+        #: Tensors read in place as arrays (:meth:`add_run`).
+        self.runs: list[InPlaceRun] = []
         #: Pieces read into memory the restore allocates; checked before :meth:`allocate`.
         self.claims: list[Claim] = []
         self._fresh_bytes = 0
@@ -93,7 +99,8 @@ class LeafLoader:
         #: ``_in_place`` is built only if another entry meets the same memory). A second stored
         #: tensor whose destination is the same memory (tied in the app state, two tensors in the
         #: snapshot) is read aside and compared, never into the same bytes.
-        self._in_place_memory: dict[tuple[Any, ...], tuple[str, tuple[Piece, torch.Tensor] | None]] = {}
+        #: (An entry of a run holds ``(run, index)`` there.)
+        self._in_place_memory: dict[tuple[Any, ...], tuple[str, tuple[Any, Any] | None]] = {}
         #: The CUDA devices whose caller's stream :meth:`_after_queued_work` synchronized.
         self._synced_devices: set[int | None] = set()
         #: Whether some read lands in the caller's own memory (an in-place destination).
@@ -183,12 +190,30 @@ class LeafLoader:
             memory (tied destinations: :meth:`add` compares or skips).
         """
         address = destination.data_ptr()
+        if self.runs and self._in_run((_CPU, address)) is not None:
+            return False
         known = self._in_place_memory.setdefault((_CPU, address), (logical_path, (piece, destination)))
         if known[0] is not logical_path:  # tied to an entry planned earlier: add() compares or skips
             return False
         self.writes_in_place = True
         self.reads.append(PieceRead(piece, logical_path, memory_view(address, piece.nbytes)))
         return True
+
+    def in_place_addresses(self) -> list[int]:
+        """The addresses of the CPU memory some entry planned so far is read into in place."""
+        found = [address for device, address in self._in_place_memory if device == _CPU]
+        return found + [address for run in self.runs for address in run.addresses.tolist()]
+
+    def add_run(self, run: InPlaceRun) -> None:
+        """Plan reading ``run`` in place: its destinations passed :meth:`add_piece_in_place`'s
+        checks, and none is memory another entry planned so far is read into, nor another's of
+        the run. An entry planned later into one of them meets it as :meth:`add` meets any."""
+        self.writes_in_place = True
+        self.runs.append(run)
+
+    def _in_run(self, memory: tuple[Any, ...]) -> tuple[str, tuple[Any, Any]] | None:
+        """What :attr:`_in_place_memory` would hold for ``memory`` if runs were entered there."""
+        return run_holding(self.runs, memory[1]) if memory[0] == _CPU else None
 
     def add_stored_bytes(self, logical_path: str, piece: Piece) -> Callable[[], bytes]:
         """Plan reading the bytes of ``piece`` as stored (verified, not deserialized).
@@ -227,7 +252,7 @@ class LeafLoader:
                 they are read from (pieces reused across tensors of another dtype or shape).
             RestoreMemoryError: torch cannot allocate a tensor of the recorded size.
         """
-        stored = _union_bytes([claim.piece for claim in self.claims if claim.fresh_tensor])
+        stored = union_bytes([claim.piece for claim in self.claims if claim.fresh_tensor])
         if self._fresh_bytes > stored:
             raise ManifestError(
                 f"the manifest asks for {self._fresh_bytes} bytes of new tensors read from {stored} stored bytes: "
@@ -288,8 +313,13 @@ class LeafLoader:
             target: torch.Tensor = destination.detach()
             key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
             memory = (target.device, target.data_ptr())
-            earlier, fast = self._in_place_memory.setdefault(memory, (logical_path, None))
-            if fast is not None:  # planned by add_in_place: its key is needed now
+            known = self._in_place_memory.get(memory)
+            if known is None:
+                known = self._in_place_memory[memory] = (self.runs and self._in_run(memory)) or (logical_path, None)
+            earlier, fast = known
+            if fast is not None:  # planned by add_in_place or in a run: its key is needed now
+                if type(fast[0]) is InPlaceRun:
+                    fast = (fast[0].piece_at(fast[1]), fast[0].destinations[fast[1]])
                 self._in_place.add(_in_place_key(*fast))
                 self._in_place_memory[memory] = (earlier, None)
             if key not in self._in_place:
@@ -474,24 +504,3 @@ def _new_tensor(logical_path: str, shape: tuple[int, ...], dtype: torch.dtype) -
             f"cannot allocate {nbytes} bytes for {logical_path!r} (dtype {str(dtype)[6:]} shape {list(shape)}): "
             "restore it in place into an existing tensor, or read it on a machine with more memory"
         ) from exc
-
-
-def _union_bytes(pieces: Iterable[Piece]) -> int:
-    """Bytes covered by the union of the pieces' ranges, per data object; a reference to a base's
-    piece counts each time it is used (an incremental take references one base piece for every
-    piece of its bytes, so equal pieces of a new snapshot legitimately share it)."""
-    by_location: dict[str, list[tuple[int, int]]] = {}
-    total = 0
-    for piece in pieces:
-        if piece.base is not None:
-            total += piece.nbytes
-        else:
-            by_location.setdefault(piece.address, []).append(piece.byte_range)
-    for ranges in by_location.values():
-        covered_to = 0
-        for start, end in sorted(ranges):
-            start = max(start, covered_to)
-            if end > start:
-                total += end - start
-                covered_to = end
-    return total

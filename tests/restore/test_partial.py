@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 import torch
 from _snapshots import Net, take_basic
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from snapshotkit import RestoreReport, RNGState, Snapshot, StateDict
+from snapshotkit._format.entries import join_path
 from snapshotkit._plan.flatten import flatten
-from snapshotkit._restore.partial import KeyDifference, compare, merged_state
+from snapshotkit._restore.partial import KeyDifference, _child_containers, compare, merged_state
 from snapshotkit.errors import LogicalPathNotFoundError, StateMismatchError
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -247,3 +250,18 @@ def test_modules_compare_their_leaf_paths_as_sets() -> None:
     saved = flatten({"w": 1, "b": 2}, "m")
     assert compare("m", saved, flatten({}, "m"), module=True).unexpected == ("m/b", "m/w")
     assert compare("m", saved, flatten({}, "m"), module=False) == KeyDifference()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.sampled_from(["a", "b/c", "d%e", "0", "-1", "01"]), st.integers(-2, 3)), unique_by=str),
+    st.lists(st.sampled_from(["r/a", "r/b%2Fc", "r/d%25e", "r/0", "r/-1", "r/01", "r/2", "r/a/x", "q/a", "r", "r/z"])),
+)
+def test_the_child_containers_of_a_dict_are_found_either_way(keys: list[str | int], names: list[str]) -> None:
+    containers = dict.fromkeys(names)
+    expected = [child for key in keys if (child := join_path("r", key)) in containers]
+    assert sorted(_child_containers("r", tuple(keys), containers)) == sorted(
+        set(expected)
+    )  # keys name distinct children
+    padded = tuple(keys) + tuple(f"pad{i}" for i in range(len(containers) + 1))  # more keys than containers
+    assert sorted(_child_containers("r", padded, containers)) == sorted(set(expected))
