@@ -64,56 +64,89 @@ def _b64(values: Any, dtype: str) -> str:
 def encode_entries(manifest: Mapping[str, Entry]) -> dict[str, Any]:
     """The ``entries`` member for ``manifest`` (keys ``"<rank>/<logical path>"``): JSON-ready.
 
+    Built column by column (a pass per column over lists, numpy for the arithmetic), not entry by
+    entry: a take of many small tensors writes an entry and a piece per tensor.
+
     Raises:
         ValueError: a key is not ``"<rank>/<logical path>"``.
     """
+    ranks: dict[str, int] = {}  # rank text -> rank, each text checked once
     order: list[tuple[int, str, int, Entry]] = []
     for position, (key, entry) in enumerate(manifest.items()):
-        rank, slash, path = key.partition("/")
-        if not slash or _RANK_TEXT.fullmatch(rank) is None:
-            raise ValueError(f"manifest key {key!r} is not '<rank>/<logical path>'")
-        order.append((int(rank), path, position, entry))
-    order.sort(key=lambda item: (item[0], item[1]))
+        text, slash, path = key.partition("/")
+        rank = ranks.get(text)
+        if rank is None:
+            if not slash or _RANK_TEXT.fullmatch(text) is None:
+                raise ValueError(f"manifest key {key!r} is not '<rank>/<logical path>'")
+            rank = ranks[text] = int(text)
+        order.append((rank, path, position, entry))
+    order.sort()  # by rank, then path: (rank, path) is unique, so the entries are never compared
+    count = len(order)
+    # Entries in the columns: tensors whose pieces all have a content hash; the others are rows.
+    columnar: list[int] = []
+    tensors: list[TensorEntry] = []
+    rows: list[dict[str, Any]] = []
+    for at, item in enumerate(order):
+        entry = item[3]
+        if type(entry) is TensorEntry or isinstance(entry, TensorEntry):
+            pieces = entry.pieces
+            if (len(pieces) == 1 and pieces[0].hash is not None) or all(p.hash is not None for p in pieces):
+                columnar.append(at)
+                tensors.append(entry)
+                continue
+        rows.append(entry.to_json())
+    entry_cols = {name: np.zeros(count, dtype=dtype) for name, dtype in ENTRY_COLUMNS.items()}
+    entry_cols["order"][:] = [item[2] for item in order]
+    entry_cols["rank"][:] = [item[0] for item in order]
+    where = np.asarray(columnar, dtype=np.int64)
+    entry_cols["kind"][where] = [KIND_RAW if entry.serializer == "raw" else KIND_TORCH_SAVE for entry in tensors]
+    entry_cols["replicated"][where] = [entry.replicated for entry in tensors]
     dtypes: dict[str, int] = {}
+    entry_cols["dtype"][where] = [dtypes.setdefault(entry.dtype, len(dtypes)) for entry in tensors]
+    shapes = [entry.shape for entry in tensors]
+    entry_cols["ndim"][where] = list(map(len, shapes))
+    all_pieces = [entry.pieces for entry in tensors]
+    entry_cols["piece_count"][where] = list(map(len, all_pieces))
+    dims = list(itertools.chain.from_iterable(shapes))
+    held = list(itertools.chain.from_iterable(all_pieces))
     locations: dict[str, int] = {}
     bases: dict[str, int] = {}
-    entry_cols: dict[str, list[int]] = {name: [] for name in ENTRY_COLUMNS}
-    piece_cols: dict[str, list[int]] = {name: [] for name in PIECE_COLUMNS}
-    dims: list[int] = []
-    hashes: list[bytes] = []
-    rows: list[dict[str, Any]] = []
-    for rank_index, _, position, entry in order:
-        entry_cols["order"].append(position)
-        entry_cols["rank"].append(rank_index)
-        if not isinstance(entry, TensorEntry) or any(piece.hash is None for piece in entry.pieces):
-            rows.append(entry.to_json())
-            for name in ("kind", "replicated", "dtype", "ndim", "piece_count"):
-                entry_cols[name].append(0)
-            continue
-        entry_cols["kind"].append(KIND_RAW if entry.serializer == "raw" else KIND_TORCH_SAVE)
-        entry_cols["replicated"].append(int(entry.replicated))
-        entry_cols["dtype"].append(dtypes.setdefault(entry.dtype, len(dtypes)))
-        entry_cols["ndim"].append(len(entry.shape))
-        entry_cols["piece_count"].append(len(entry.pieces))
-        dims.extend(entry.shape)
-        for piece in entry.pieces:
-            start, end = piece.byte_range
-            piece_cols["location"].append(locations.setdefault(piece.location, len(locations)))
-            piece_cols["start"].append(start)
-            piece_cols["length"].append(end - start)
-            piece_cols["checksum"].append(int(piece.checksum.removeprefix(_CHECKSUM_PREFIX), 16))
-            piece_cols["base"].append(0 if piece.base is None else bases.setdefault(piece.base, len(bases)) + 1)
-            hashes.append(bytes.fromhex(str(piece.hash).removeprefix(_HASH_PREFIX)))
-    out: dict[str, Any] = {"paths": [path for _, path, _, _ in order]}
+    ranges = np.array([piece.byte_range for piece in held], dtype=np.int64).reshape(-1, 2)
+    piece_cols = {
+        "location": [locations.setdefault(piece.location, len(locations)) for piece in held],
+        "start": ranges[:, 0],
+        "length": ranges[:, 1] - ranges[:, 0],
+        "checksum": _checksums([piece.checksum for piece in held]),
+        "base": [0 if (base := piece.base) is None else bases.setdefault(base, len(bases)) + 1 for piece in held],
+    }
+    out: dict[str, Any] = {"paths": [item[1] for item in order]}
     out.update({name: _b64(entry_cols[name], dtype) for name, dtype in ENTRY_COLUMNS.items()})
     out["dims"] = _b64(dims, "<i8")
     out["dtypes"] = list(dtypes)
     out["locations"] = list(locations)
     out["bases"] = list(bases)
     out.update({name: _b64(piece_cols[name], dtype) for name, dtype in PIECE_COLUMNS.items()})
-    out["hash"] = base64.b64encode(b"".join(hashes)).decode("ascii")
+    out["hash"] = base64.b64encode(_hashes([str(piece.hash) for piece in held])).decode("ascii")
     out["rows"] = rows
     return out
+
+
+def _checksums(texts: list[str]) -> Any:
+    """The CRC-32C values of ``"crc32c:<hex>"`` texts: in one ``bytes.fromhex`` when every text
+    has eight hex digits (what :func:`~snapshotkit._format.checksum.format_checksum` writes)."""
+    width = len(_CHECKSUM_PREFIX) + 8
+    if all(len(text) == width and text.startswith(_CHECKSUM_PREFIX) for text in texts):
+        digits = "".join([text[len(_CHECKSUM_PREFIX) :] for text in texts])
+        return np.frombuffer(bytes.fromhex(digits), dtype=">u4")
+    return [int(text.removeprefix(_CHECKSUM_PREFIX), 16) for text in texts]
+
+
+def _hashes(texts: list[str]) -> bytes:
+    """The 16-byte digests of ``"xxh3-128:<32 hex digits>"`` texts, back to back."""
+    width = len(_HASH_PREFIX) + 2 * _HASH_BYTES
+    if all(len(text) == width and text.startswith(_HASH_PREFIX) for text in texts):
+        return bytes.fromhex("".join([text[len(_HASH_PREFIX) :] for text in texts]))
+    return b"".join([bytes.fromhex(text.removeprefix(_HASH_PREFIX)) for text in texts])
 
 
 def _where(name: str) -> str:

@@ -165,19 +165,21 @@ class _TiedTensors:
         self._first: dict[int, tuple[torch.Tensor | None, int, str]] = {}
         self._by_identity: dict[tuple[Any, ...], tuple[int, str]] = {}
 
-    def earlier(self, tensor: torch.Tensor, payload: int, path: str) -> tuple[int, str] | None:
-        """The payload and path of an earlier tensor with the same elements as ``tensor``; if
-        there is none, ``tensor`` is remembered as ``payload`` at ``path`` and None returned.
-        An empty tensor is tied to nothing."""
-        if not tensor.numel():
+    def earlier(
+        self, tensor: torch.Tensor, numel: int, address: int, payload: int, path: str
+    ) -> tuple[int, str] | None:
+        """The payload and path of an earlier tensor with the same elements as ``tensor`` (of
+        ``numel()`` elements from ``data_ptr()`` ``address``); if there is none, ``tensor`` is
+        remembered as ``payload`` at ``path`` and None returned. An empty tensor is tied to nothing."""
+        if not numel:
             return None
         mine = (tensor, payload, path)
-        first = self._first.setdefault(tensor.data_ptr(), mine)
+        first = self._first.setdefault(address, mine)
         if first is mine:
             return None
         if first[0] is not None:  # the first collision at this address: key the first tensor fully
             self._by_identity.setdefault(_tensor_identity(first[0]), (first[1], first[2]))
-            self._first[tensor.data_ptr()] = (None, first[1], first[2])
+            self._first[address] = (None, first[1], first[2])
         remembered = (payload, path)
         known = self._by_identity.setdefault(_tensor_identity(tensor), remembered)
         return None if known is remembered else known
@@ -273,10 +275,11 @@ def _describe_tensor(path: str, tensor: torch.Tensor, payloads: list[Payload], t
     if serializer != RAW:
         payloads.append(Payload.of_bytes(_serialize(path, tensor)))
         return TensorLeaf(len(payloads) - 1, dtype, shape, serializer)
-    known = tied.earlier(tensor, len(payloads), path)
+    numel, address = tensor.numel(), tensor.data_ptr()
+    known = tied.earlier(tensor, numel, address, len(payloads), path)
     if known is not None:
         return TensorLeaf(known[0], dtype, shape, serializer, alias_of=known[1])
-    payloads.append(Payload.of_tensor(tensor))
+    payloads.append(Payload.of_tensor(tensor, numel=numel, address=address))
     return TensorLeaf(len(payloads) - 1, dtype, shape, serializer)
 
 
