@@ -134,19 +134,35 @@ def encode_entries(manifest: Mapping[str, Entry]) -> dict[str, Any]:
 def _checksums(texts: list[str]) -> Any:
     """The CRC-32C values of ``"crc32c:<hex>"`` texts: in one ``bytes.fromhex`` when every text
     has eight hex digits (what :func:`~snapshotkit._format.checksum.format_checksum` writes)."""
-    width = len(_CHECKSUM_PREFIX) + 8
-    if all(len(text) == width and text.startswith(_CHECKSUM_PREFIX) for text in texts):
-        digits = "".join([text[len(_CHECKSUM_PREFIX) :] for text in texts])
+    digits = _hex_digits(texts, _CHECKSUM_PREFIX, 8)
+    if digits is not None:
         return np.frombuffer(bytes.fromhex(digits), dtype=">u4")
     return [int(text.removeprefix(_CHECKSUM_PREFIX), 16) for text in texts]
 
 
 def _hashes(texts: list[str]) -> bytes:
     """The 16-byte digests of ``"xxh3-128:<32 hex digits>"`` texts, back to back."""
-    width = len(_HASH_PREFIX) + 2 * _HASH_BYTES
-    if all(len(text) == width and text.startswith(_HASH_PREFIX) for text in texts):
-        return bytes.fromhex("".join([text[len(_HASH_PREFIX) :] for text in texts]))
+    digits = _hex_digits(texts, _HASH_PREFIX, 2 * _HASH_BYTES)
+    if digits is not None:
+        return bytes.fromhex(digits)
     return b"".join([bytes.fromhex(text.removeprefix(_HASH_PREFIX)) for text in texts])
+
+
+def _hex_digits(texts: list[str], prefix: str, width: int) -> str | None:
+    """The digits of every text, back to back, when each text is ``prefix`` and ``width`` more
+    ASCII characters (checked over all of them at once with numpy); else None."""
+    if not texts:
+        return ""
+    if set(map(len, texts)) != {len(prefix) + width}:
+        return None
+    try:
+        joined = "".join(texts).encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    table = np.frombuffer(joined, dtype=np.uint8).reshape(len(texts), len(prefix) + width)
+    if not (table[:, : len(prefix)] == np.frombuffer(prefix.encode("ascii"), dtype=np.uint8)).all():
+        return None
+    return table[:, len(prefix) :].tobytes().decode("ascii")
 
 
 def _where(name: str) -> str:
