@@ -1,6 +1,6 @@
 """The encoder of format version 5's ``entries`` member before the first-take work of issue 27
 (entry by entry), kept verbatim as the reference the column-by-column
-:func:`snapshotkit._format.columnar.encode_entries` is compared with
+:func:`snapshotkit._format.columnar_encode.encode_entries` is compared with
 (``tests/format/test_columnar_encode.py``). Only this docstring and the imports differ."""
 
 from __future__ import annotations

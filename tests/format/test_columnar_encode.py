@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from format import _old_encode
-from snapshotkit._format.columnar import encode_entries
+from snapshotkit._format.columnar_encode import encode_entries
 from snapshotkit._format.entries import DictEntry, Entry, ObjectEntry, PrimitiveEntry, TensorEntry
 from snapshotkit._format.pieces import Piece
 
