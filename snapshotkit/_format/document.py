@@ -10,7 +10,8 @@ from typing import Any
 
 from snapshotkit._format.bases import BASES_MEMBER, BASES_SINCE, SNAPSHOT_ID_MEMBER, decode_bases
 from snapshotkit._format.codec import INTEGRITY_SINCE, decode_document, seal
-from snapshotkit._format.columnar import COLUMNAR_SINCE, ENTRIES_MEMBER, decode_entries, encode_entries
+from snapshotkit._format.columnar import COLUMNAR_SINCE, ENTRIES_MEMBER, decode_entries
+from snapshotkit._format.columnar_encode import encode_entries
 from snapshotkit._format.dtypes import DTYPE_NAME, MAX_NUMEL, RAW_ITEMSIZE
 from snapshotkit._format.entries import (
     _COMPACT_JSON,

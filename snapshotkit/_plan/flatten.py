@@ -88,6 +88,8 @@ class Flattened:
 
 
 def _is_flattenable_dict(obj: Mapping[Any, Any], path: str) -> bool:
+    if all(type(key) is str and key.isascii() for key in obj):  # the common case, in one pass:
+        return True  # distinct keys (a dict's), each fits inline
     seen: set[str] = set()
     for key in obj:
         if type(key) is int:

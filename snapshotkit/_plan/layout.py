@@ -151,28 +151,46 @@ def pack_pieces(
     take_id)``, ``(rank, first_index + 1, take_id)``, ... in write order (slots carry the same
     indices); each holds at least one piece.
     """
+    return pack_columns(
+        [piece.payload for piece in pieces],
+        [piece.start for piece in pieces],
+        [piece.end for piece in pieces],
+        rank=rank,
+        take_id=take_id,
+        data_object_bytes=data_object_bytes,
+        alignment=alignment,
+        first_index=first_index,
+    )
+
+
+def pack_columns(
+    payloads: Sequence[int],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    *,
+    rank: int,
+    take_id: str,
+    data_object_bytes: int,
+    alignment: int = ALIGNMENT_BYTES,
+    first_index: int = 0,
+) -> PackedLayout:
+    """:func:`pack_pieces` of the pieces ``[starts[i], ends[i])`` of payload ``payloads[i]``, given
+    as three columns: a planner of many small payloads makes no object per piece before its slot."""
     objects: list[DataObjectPlan] = []
     slots: list[PieceSlot] = []
-    current: list[PieceSlot] = []
     index = first_index
+    opened = 0  # where the current data object's slots begin in ``slots``
     offset = 0
-
-    def close_object() -> None:
-        nonlocal current, index, offset
-        if current:
-            objects.append(DataObjectPlan(data_object_location(rank, index, take_id), tuple(current), offset))
+    for payload, start, end in zip(payloads, starts, ends, strict=True):
+        nbytes = end - start
+        slot_offset = -(-offset // alignment) * alignment
+        if slot_offset + nbytes > data_object_bytes and len(slots) > opened:
+            objects.append(DataObjectPlan(data_object_location(rank, index, take_id), tuple(slots[opened:]), offset))
             index += 1
-            current = []
-            offset = 0
-
-    for piece in pieces:
-        slot_offset = _align_up(offset, alignment)
-        if current and slot_offset + piece.nbytes > data_object_bytes:
-            close_object()
+            opened = len(slots)
             slot_offset = 0
-        slot = PieceSlot(piece.payload, piece.start, piece.end, index, slot_offset)
-        current.append(slot)
-        slots.append(slot)
-        offset = slot_offset + piece.nbytes
-    close_object()
+        slots.append(PieceSlot(payload, start, end, index, slot_offset))
+        offset = slot_offset + nbytes
+    if len(slots) > opened:
+        objects.append(DataObjectPlan(data_object_location(rank, index, take_id), tuple(slots[opened:]), offset))
     return PackedLayout(tuple(objects), tuple(slots))

@@ -30,22 +30,36 @@ class Payload:
         nbytes: its size.
         itemsize: pieces are cut on multiples of this (a tensor's element size; a serialized
             blob is one indivisible element).
+        tensor: the tensor whose elements it is, or None.
+        data: the serialized bytes, or None.
+        address: where a tensor's elements start in memory, when they can be written from there
+            as they are (a non-empty contiguous CPU tensor without a lazy conj/neg bit), found
+            once when the tensor is described; else 0 (staging copies them). IMPORTANT: like a
+            :func:`~snapshotkit._format.serialization.byte_view`, it is valid only while the
+            tensor lives and is not resized: the caller of a take holds both until it returns.
     """
 
     nbytes: int
     itemsize: int = 1
     tensor: torch.Tensor | None = None
     data: bytes | None = None
+    address: int = 0
 
     @property
     def zero_copy(self) -> bool:
         """Whether its memory can be written as it is (no staging copy)."""
-        return self.data is not None or (self.tensor is not None and is_zero_copy_source(self.tensor))
+        return self.data is not None or self.address != 0
 
     @classmethod
-    def of_tensor(cls, tensor: torch.Tensor) -> Payload:
+    def of_tensor(cls, tensor: torch.Tensor, *, numel: int | None = None, address: int | None = None) -> Payload:
+        """The payload of ``tensor``'s elements (``numel`` and ``address``: its ``numel()`` and
+        ``data_ptr()``, when the caller has them already)."""
         itemsize = tensor.element_size()
-        return cls(tensor.numel() * itemsize, itemsize, tensor)
+        if numel is None:
+            numel = tensor.numel()
+        if numel and is_zero_copy_source(tensor):
+            return cls(numel * itemsize, itemsize, tensor, None, tensor.data_ptr() if address is None else address)
+        return cls(numel * itemsize, itemsize, tensor)
 
     @classmethod
     def of_bytes(cls, data: bytes) -> Payload:

@@ -55,13 +55,20 @@ class RankResult:
 def finish_rank(plan: TakePlan, written: Mapping[PieceSlot, Piece]) -> RankResult:
     """This rank's :class:`RankResult`, given the final piece of every slot it wrote."""
 
+    slots = plan.slots
+
     def pieces(payload: int) -> tuple[Piece, ...]:
-        return tuple(written[slot] for slot in plan.slots.get(payload, ()))
+        held = slots.get(payload, ())
+        return (written[held[0]],) if len(held) == 1 else tuple([written[slot] for slot in held])
 
     entries: dict[str, Entry | PendingReplicated | PendingSharded] = {}
     pending = False
     for key, entry in plan.entries.items():
-        if isinstance(entry, PendingTensor):
+        if type(entry) is PendingTensor:  # the common case first: one entry per tensor
+            held = slots.get(entry.payload, ())
+            found = (written[held[0]],) if len(held) == 1 else tuple([written[slot] for slot in held])
+            entries[key] = TensorEntry(entry.dtype, entry.shape, entry.serializer, found, False)
+        elif isinstance(entry, PendingTensor):
             entries[key] = TensorEntry(entry.dtype, entry.shape, entry.serializer, pieces(entry.payload), False)
         elif isinstance(entry, PendingObject):
             (piece,) = pieces(entry.payload)  # serialized bytes are never empty: exactly one piece

@@ -27,6 +27,7 @@ from snapshotkit._plan.layout import (
     PayloadSpan,
     PieceSlot,
     data_object_location,
+    pack_columns,
     pack_pieces,
     split_payload,
 )
@@ -167,14 +168,18 @@ def fix_plan(
                 shared.append(PayloadSpan.of(payload, span))
                 shared_keys.append(key)
 
+    replicated = decision.replicated
     for path, leaf in local.leaves.items():
         key = f"{rank}/{path}"
-        if isinstance(leaf, ShardedLeaf):
+        if type(leaf) is TensorLeaf and path not in replicated:  # the common case first
+            entries[key] = PendingTensor(leaf.payload, leaf.dtype, leaf.shape, leaf.serializer)
+            (serialized if leaf.serializer != RAW else local_payloads).add(leaf.payload)
+        elif isinstance(leaf, ShardedLeaf):
             for shard in leaf.boxes:
                 take_mine(path, shard.payload, shard.box.offsets)
             if rank == 0:
                 entries[key] = PendingSharded(path)
-        elif path in decision.replicated:
+        elif path in replicated:
             if isinstance(leaf, PrimitiveEntry):
                 if rank == 0:
                     entries[key] = PrimitiveEntry.of(leaf.value, True)
@@ -196,26 +201,49 @@ def fix_plan(
             assert isinstance(leaf, ObjectLeaf)
             entries[key] = PendingObject(leaf.payload, leaf.obj_type)
             serialized.add(leaf.payload)
-    local_pieces = [
-        PayloadSpan.of(index, span)
-        for index in sorted(local_payloads)
-        for span in split_payload(local.payloads[index].nbytes, local.payloads[index].itemsize, chunk_bytes)
-    ]
-    # IMPORTANT: the shared pieces in the decision's order (replicated ones, then sharded ones by
-    # Decision.sharded_position): merge_results places a rank's sharded pieces by that order alone.
+    # The pieces as three columns (payload, start, end): rank-local ones by payload, then the
+    # shared ones. IMPORTANT: the shared pieces in the decision's order (replicated ones, then
+    # sharded ones by Decision.sharded_position): merge_results places a rank's sharded pieces by
+    # that order alone.
+    owned = sorted(local_payloads)
+    piece_payloads: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    payloads = local.payloads
+    split: list[tuple[int, int, int]] = []  # (payload, first piece, last piece + 1) of payloads cut in several
+    for index in owned:
+        payload = payloads[index]
+        nbytes = payload.nbytes
+        if nbytes <= chunk_bytes:  # one piece (none if empty): what split_payload gives, without its Span
+            if nbytes:
+                piece_payloads.append(index)
+                starts.append(0)
+                ends.append(nbytes)
+            continue
+        first = len(piece_payloads)
+        for span in split_payload(nbytes, payload.itemsize, chunk_bytes):
+            piece_payloads.append(index)
+            starts.append(span.start)
+            ends.append(span.end)
+        split.append((index, first, len(piece_payloads)))
+    local_count = len(piece_payloads)
     order = sorted(
         range(len(shared_keys)),
         key=lambda i: -1 if (key := shared_keys[i]).shard_offsets is None else decision.sharded_position(key),
     )
-    shared = [shared[i] for i in order]
+    for i in order:
+        piece_payloads.append(shared[i].payload)
+        starts.append(shared[i].start)
+        ends.append(shared[i].end)
     shared_keys = [shared_keys[i] for i in order]
     # Rank-local pieces first, then the shared ones: slot i is piece i.
-    packed = pack_pieces(local_pieces + shared, rank=rank, take_id="", data_object_bytes=data_object_bytes)
-    per_payload: dict[int, list[PieceSlot]] = {index: [] for index in local_payloads}
-    for slot in packed.slots[: len(local_pieces)]:
-        per_payload[slot.payload].append(slot)
-    shared_slots = dict(zip(shared_keys, packed.slots[len(local_pieces) :], strict=True))
-    slots = {i: tuple(s) for i, s in per_payload.items()}
+    packed = pack_columns(piece_payloads, starts, ends, rank=rank, take_id="", data_object_bytes=data_object_bytes)
+    slots: dict[int, tuple[PieceSlot, ...]] = dict.fromkeys(owned, ())
+    for slot in packed.slots[:local_count]:
+        slots[slot.payload] = (slot,)
+    for index, first, end in split:
+        slots[index] = packed.slots[first:end]
+    shared_slots = dict(zip(shared_keys, packed.slots[local_count:], strict=True))
     return FixedPlan(
         rank,
         entries,

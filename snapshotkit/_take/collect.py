@@ -18,7 +18,14 @@ import torch
 
 from snapshotkit._format.dtypes import RAW_ITEMSIZE
 from snapshotkit._format.entries import ContainerEntry, PrimitiveEntry, escape_key, join_path
-from snapshotkit._format.serialization import RAW, Serialized, dtype_name, serialize_object, tensor_serializer
+from snapshotkit._format.serialization import (
+    RAW,
+    Serialized,
+    dtype_name,
+    is_zero_copy_source,
+    serialize_object,
+    tensor_serializer,
+)
 from snapshotkit._format.sharded import LocalChunks, box_slice, column_split, is_sharded, local_shards
 from snapshotkit._plan.flatten import check_int, fits_inline, flatten
 from snapshotkit._plan.grid import checked_grid, is_dtensor
@@ -165,19 +172,21 @@ class _TiedTensors:
         self._first: dict[int, tuple[torch.Tensor | None, int, str]] = {}
         self._by_identity: dict[tuple[Any, ...], tuple[int, str]] = {}
 
-    def earlier(self, tensor: torch.Tensor, payload: int, path: str) -> tuple[int, str] | None:
-        """The payload and path of an earlier tensor with the same elements as ``tensor``; if
-        there is none, ``tensor`` is remembered as ``payload`` at ``path`` and None returned.
-        An empty tensor is tied to nothing."""
-        if not tensor.numel():
+    def earlier(
+        self, tensor: torch.Tensor, numel: int, address: int, payload: int, path: str
+    ) -> tuple[int, str] | None:
+        """The payload and path of an earlier tensor with the same elements as ``tensor`` (of
+        ``numel()`` elements from ``data_ptr()`` ``address``); if there is none, ``tensor`` is
+        remembered as ``payload`` at ``path`` and None returned. An empty tensor is tied to nothing."""
+        if not numel:
             return None
         mine = (tensor, payload, path)
-        first = self._first.setdefault(tensor.data_ptr(), mine)
+        first = self._first.setdefault(address, mine)
         if first is mine:
             return None
         if first[0] is not None:  # the first collision at this address: key the first tensor fully
             self._by_identity.setdefault(_tensor_identity(first[0]), (first[1], first[2]))
-            self._first[tensor.data_ptr()] = (None, first[1], first[2])
+            self._first[address] = (None, first[1], first[2])
         remembered = (payload, path)
         known = self._by_identity.setdefault(_tensor_identity(tensor), remembered)
         return None if known is remembered else known
@@ -259,31 +268,34 @@ def _describe_tensor(path: str, tensor: torch.Tensor, payloads: list[Payload], t
         raise UnsupportedValueError(
             f"the tensor at logical path {path!r} is on the meta device and has no data; materialize it first"
         )
-    dtype = _RAW_DTYPE_NAMES.get(tensor.dtype)
+    raw = _RAW_DTYPES.get(tensor.dtype)
     kind = type(tensor)
     if (
-        dtype is not None
-        and (kind is torch.Tensor or kind is torch.nn.Parameter)
-        and tensor.layout == torch.strided
-        and not tensor.is_quantized
-    ):
-        serializer = RAW  # what tensor_serializer() says, without its calls: this runs once per tensor
-    else:
-        serializer, dtype = tensor_serializer(tensor), dtype_name(tensor.dtype)
+        raw is None
+        or not (kind is torch.Tensor or kind is torch.nn.Parameter)
+        or tensor.layout != torch.strided
+        or tensor.is_quantized
+    ):  # else RAW, what tensor_serializer() says, without its calls: this runs once per tensor
+        serializer = tensor_serializer(tensor)
+        if serializer != RAW:
+            payloads.append(Payload.of_bytes(_serialize(path, tensor)))
+            return TensorLeaf(len(payloads) - 1, dtype_name(tensor.dtype), tuple(tensor.shape), serializer)
+        raw = dtype_name(tensor.dtype), tensor.element_size()
+    dtype, itemsize = raw
     shape = tuple(tensor.shape)
-    if serializer != RAW:
-        payloads.append(Payload.of_bytes(_serialize(path, tensor)))
-        return TensorLeaf(len(payloads) - 1, dtype, shape, serializer)
-    known = tied.earlier(tensor, len(payloads), path)
+    numel, address = tensor.numel(), tensor.data_ptr()
+    known = tied.earlier(tensor, numel, address, len(payloads), path)
     if known is not None:
-        return TensorLeaf(known[0], dtype, shape, serializer, alias_of=known[1])
-    payloads.append(Payload.of_tensor(tensor))
-    return TensorLeaf(len(payloads) - 1, dtype, shape, serializer)
+        return TensorLeaf(known[0], dtype, shape, RAW, alias_of=known[1])
+    # Payload.of_tensor, with what is known here already
+    zero_copy = numel and is_zero_copy_source(tensor)
+    payloads.append(Payload(numel * itemsize, itemsize, tensor, None, address if zero_copy else 0))
+    return TensorLeaf(len(payloads) - 1, dtype, shape, RAW)
 
 
-#: Raw dtypes (stored as their bytes) -> manifest name.
-_RAW_DTYPE_NAMES: dict[torch.dtype, str] = {
-    value: dtype_name(value)
+#: Raw dtypes (stored as their bytes) -> manifest name and element size.
+_RAW_DTYPES: dict[torch.dtype, tuple[str, int]] = {
+    value: (dtype_name(value), RAW_ITEMSIZE[dtype_name(value)])
     for value in vars(torch).values()
     if isinstance(value, torch.dtype) and dtype_name(value) in RAW_ITEMSIZE
 }

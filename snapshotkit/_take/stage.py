@@ -26,7 +26,7 @@ from snapshotkit._format.serialization import (
     contiguous_cpu_copy,
     copy_flat_range_out,
     flat_range_views,
-    is_zero_copy_source,
+    memory_view,
     tensor_from_bytes,
 )
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
@@ -57,7 +57,11 @@ class StagedObject:
 
 def staging_cost_bytes(plan: DataObjectPlan, payloads: Sequence[Payload]) -> int:
     """Host bytes :class:`ViewStager` allocates for ``plan`` (zero when every piece is written in place)."""
-    return sum(slot.nbytes for slot in plan.slots if not payloads[slot.payload].zero_copy)
+    return sum(
+        slot.end - slot.start
+        for slot in plan.slots
+        if not (payload := payloads[slot.payload]).address and payload.data is None  # not Payload.zero_copy
+    )
 
 
 class ViewStager:
@@ -100,14 +104,12 @@ class ViewStager:
             if at > offset:
                 buffers.append(memoryview(_PADDING)[: at - offset])
             payload = payloads[slot.payload]
-            tensor = payload.tensor
-            if payload.data is not None:
+            if payload.address:  # a tensor written from its own memory (Payload.zero_copy)
+                view = memory_view(payload.address + start, end - start)
+            elif payload.data is not None:
                 view = memoryview(payload.data)[start:end]
-            elif tensor is not None and is_zero_copy_source(tensor):  # Payload.zero_copy
-                view = byte_view(tensor)
-                if start or end != view.nbytes:
-                    view = view[start:end]
             else:
+                tensor = payload.tensor
                 assert tensor is not None
                 view = self._copied(slot, tensor, payload.itemsize, keepalive)
             buffers.append(view)

@@ -83,3 +83,25 @@ def test_views_of_one_buffer_and_tied_tensors_restore_bit_exact(tmp_path: Path) 
     restored = StateDict({key: torch.zeros_like(value) for key, value in state.items()})
     Snapshot(str(tmp_path / "snap")).restore({"m": restored})
     assert all(torch.equal(restored[key], value) for key, value in state.items())
+
+
+def test_a_payload_knows_the_address_of_memory_written_as_it_is_and_only_of_that() -> None:
+    contiguous, strided = torch.arange(6.0), torch.arange(6.0).reshape(2, 3).t()
+    negated = torch.ones(3, dtype=torch.complex64).conj().imag  # a lazy neg view
+    assert negated.is_neg()
+    local = describe_state({"m": {"c": contiguous, "s": strided, "n": negated, "e": torch.empty(0)}})
+    payloads = {path: local.payloads[leaf.payload] for path, leaf in local.leaves.items()}  # type: ignore[union-attr]
+    assert payloads["m/c"].address == contiguous.data_ptr() and payloads["m/c"].zero_copy
+    assert payloads["m/s"].address == 0 and not payloads["m/s"].zero_copy  # staged by a copy
+    assert payloads["m/n"].address == 0 and not payloads["m/n"].zero_copy
+    assert payloads["m/e"].address == 0  # no bytes to write
+
+
+def test_views_that_cannot_be_written_as_they_are_are_stored_by_value(tmp_path: Path) -> None:
+    negated = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64).conj().imag
+    state = {"n": negated, "s": torch.arange(6.0).reshape(2, 3).t(), "c": torch.arange(4.0)}
+    Snapshot.take(str(tmp_path / "s"), {"m": StateDict(state)})
+    out = {key: torch.zeros_like(value).contiguous() for key, value in state.items()}
+    Snapshot(str(tmp_path / "s")).restore({"m": StateDict(out)})
+    for key, value in state.items():
+        assert torch.equal(out[key], value.resolve_neg().resolve_conj()), key
