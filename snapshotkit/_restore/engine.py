@@ -38,7 +38,7 @@ from snapshotkit._format.entries import (
 )
 from snapshotkit._format.sharded import destination_boxes
 from snapshotkit._plan.flatten import inflate
-from snapshotkit._restore.columns import column_rank_view
+from snapshotkit._restore.columns import ColumnView, column_rank_view
 from snapshotkit._restore.fetch import check_extents, read_pieces
 from snapshotkit._restore.metadata import OpenPlugin, open_store
 from snapshotkit._restore.partial import RestoreReport
@@ -52,12 +52,13 @@ from snapshotkit._restore.plan import (
     rank_view,
     subtree,
 )
+from snapshotkit._restore.prefetch import prefetch, prefetch_ranges
 from snapshotkit._restore.runs import read_runs
 from snapshotkit._restore.share import ShareSession, Transfer, open_session
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._runtime.gc import gc_paused
-from snapshotkit._runtime.loop import run_sync
+from snapshotkit._runtime.loop import run_sync, spawn
 from snapshotkit._runtime.progress import ByteProgress
 from snapshotkit._runtime.touched import mark_touched
 from snapshotkit._text import first_few
@@ -237,20 +238,31 @@ def _plan_and_fetch(
     entries = sum(sum(map(str.startswith, view, itertools.repeat(f"{root}/"))) + (root in view) for root in roots)
     with gc_paused():
         planning_s = time.perf_counter()
-        plan = plan_restore(
-            view,
-            states_of,
-            strict=strict,
-            loader=loader,
-            snapshot_path=path,
-            hint=lambda key: missing_key_hint(metadata, key, rank),
-        )
+        plugin, hinted = open_store(open_plugin, path), None
+        try:
+            if session is None and isinstance(view, ColumnView):  # the storage reads ahead while this plans
+                hinted = spawn(prefetch(plugin, prefetch_ranges(view, roots, config.memory_budget_bytes)))
+            try:
+                plan = plan_restore(
+                    view,
+                    states_of,
+                    strict=strict,
+                    loader=loader,
+                    snapshot_path=path,
+                    hint=lambda key: missing_key_hint(metadata, key, rank),
+                )
+            finally:
+                if hinted is not None:
+                    hinted.result()  # the hint is over before the plugin is read from or closed
+        except BaseException:
+            run_sync(plugin.close())
+            raise
         fetching_s = time.perf_counter()
         logger.debug("restore %s: plan %.3f s", path, fetching_s - planning_s)
         if session is None:
-            moved = Transfer(_fetch(open_plugin, path, loader, config, bar))
+            moved = Transfer(run_sync(_read_and_close(plugin, loader, config, bar)))
         else:
-            moved = _fetch_shared(open_store(open_plugin, path), loader, config, session, view, bar)
+            moved = _fetch_shared(plugin, loader, config, session, view, bar)
         logger.debug("restore %s: fetch %.3f s", path, time.perf_counter() - fetching_s)
         return plan, moved, entries
 

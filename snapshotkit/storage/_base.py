@@ -131,6 +131,18 @@ class StoragePlugin(abc.ABC):
         """
         return is_transient_error(exc)
 
+    async def prefetch(self, location: str, byte_range: ByteRange) -> None:
+        """A hint that ``byte_range`` of ``location`` will be read soon; optional.
+
+        A restore calls it once the manifest is decoded, before planning, for the ranges it is
+        about to read (at most its memory budget's worth), so that a backend can start fetching
+        while the restore plans. It must return promptly (start the work, do not wait for it),
+        change nothing, and never raise for a missing, unsafe or short object: the reads that
+        follow report those. The default does nothing; the file system plugin asks the kernel
+        to read ahead (``posix_fadvise(POSIX_FADV_WILLNEED)``).
+        """
+        del location, byte_range
+
     async def read_into(self, location: str, start: int, buffers: Sequence[memoryview]) -> None:
         """Fill ``buffers`` in order with the bytes of ``location`` from offset ``start``.
 

@@ -90,6 +90,9 @@ class RetryingStoragePlugin(StoragePlugin):
     async def read_into(self, location: str, start: int, buffers: Sequence[memoryview]) -> None:
         await self._retry("read", location, lambda: self.plugin.read_into(location, start, buffers))
 
+    async def prefetch(self, location: str, byte_range: ByteRange) -> None:
+        await self.plugin.prefetch(location, byte_range)  # a hint: never raises, nothing to retry
+
     async def exists(self, location: str) -> bool:
         return await self._retry("exists", location, lambda: self.plugin.exists(location))
 

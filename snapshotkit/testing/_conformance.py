@@ -232,6 +232,22 @@ class StoragePluginConformance(ListingCases):
         assert floats.tobytes() == expected[1007:1071]
         assert bytes(third) == expected[1071:]
 
+    def test_prefetch_is_a_hint_that_changes_nothing(self, root: str) -> None:
+        payload = _pattern(5000, seed=17)
+        self.ground_truth_write(root, "object.bin", payload)
+
+        async def scenario(plugin: StoragePlugin) -> bytes | memoryview:
+            await plugin.prefetch("object.bin", ByteRange(100, 4100))
+            await plugin.prefetch("object.bin", ByteRange(0, 0))
+            # a hint never raises: the reads that follow report a missing or short object
+            await plugin.prefetch("missing.bin", ByteRange(0, 10))
+            await plugin.prefetch("object.bin", ByteRange(4000, 9000))
+            return await plugin.read("object.bin", ByteRange(100, 4100))
+
+        assert bytes(self._run(root, scenario)) == payload[100:4100]
+        self._assert_stored(root, "object.bin", payload)
+        assert self.ground_truth_read(root, "missing.bin") is None
+
     def test_read_into_up_to_the_last_byte(self, root: str) -> None:
         payload = _pattern(300, seed=13)
         self.ground_truth_write(root, "object.bin", payload)

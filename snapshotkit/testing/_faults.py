@@ -147,6 +147,9 @@ class FaultInjectingPlugin(StoragePlugin):
     async def read_into(self, location: str, start: int, buffers: Sequence[memoryview]) -> None:
         await self._call("read_into", location, lambda: self.plugin.read_into(location, start, buffers))
 
+    async def prefetch(self, location: str, byte_range: ByteRange) -> None:
+        await self.plugin.prefetch(location, byte_range)  # a hint: no fault is injected into it
+
     async def exists(self, location: str) -> bool:
         return await self._call("exists", location, lambda: self.plugin.exists(location))
 
