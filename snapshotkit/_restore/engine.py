@@ -241,7 +241,8 @@ def _plan_and_fetch(
         plugin, hinted = open_store(open_plugin, path), None
         try:
             if session is None and isinstance(view, ColumnView):  # the storage reads ahead while this plans
-                hinted = spawn(prefetch(plugin, prefetch_ranges(view, roots, config.memory_budget_bytes)))
+                wanted = None if entries == len(view) else roots  # None: every entry of the view is restored
+                hinted = spawn(prefetch(plugin, prefetch_ranges(view, wanted, config.memory_budget_bytes)))
             try:
                 plan = plan_restore(
                     view,

@@ -42,21 +42,24 @@ class PrefetchRange:
     byte_range: ByteRange
 
 
-def prefetch_ranges(view: ColumnView, roots: Iterable[str], budget_bytes: int) -> list[PrefetchRange]:
+def prefetch_ranges(view: ColumnView, roots: Iterable[str] | None, budget_bytes: int) -> list[PrefetchRange]:
     """The ranges holding the pieces of the tensors of ``view`` at or below ``roots`` (escaped
-    app_state keys) that live in this snapshot, pieces no more than :data:`MAX_GAP_BYTES` apart
-    merged, in (data object, offset) order, cut to the first ``budget_bytes``."""
+    app_state keys; None: every tensor of ``view``) that live in this snapshot, pieces no more
+    than :data:`MAX_GAP_BYTES` apart merged, in (data object, offset) order, cut to the first
+    ``budget_bytes``."""
     c = view.columns
-    prefixes = tuple(f"{root}/" for root in roots)
-    tops = set(roots)
-    paths = list(view.slots)
-    slots = list(view.slots.values())
-    within = list(map(str.startswith, paths, itertools.repeat(prefixes)))
-    indices = [
-        slot
-        for path, slot, inside in zip(paths, slots, within, strict=True)
-        if type(slot) is int and (inside or path in tops)
-    ]
+    if roots is None:
+        indices = [slot for slot in view.slots.values() if type(slot) is int]
+    else:
+        prefixes = tuple(f"{root}/" for root in roots)
+        tops = set(roots)
+        paths = list(view.slots)
+        within = map(str.startswith, paths, itertools.repeat(prefixes))
+        indices = [
+            slot
+            for path, slot, inside in zip(paths, view.slots.values(), within, strict=True)
+            if type(slot) is int and (inside or path in tops)
+        ]
     if not indices or budget_bytes <= 0:
         return []
     entry = np.array(indices, dtype=np.int64)

@@ -59,6 +59,7 @@ def test_the_hint_stops_at_the_budget(tmp_path: Path) -> None:
     assert view is not None
     ranges = prefetch_ranges(view, ["a", "b"], 1000)
     assert sum(r.byte_range.length for r in ranges) == 1000
+    assert prefetch_ranges(view, None, 1000) == ranges  # None: every tensor of the view
     assert prefetch_ranges(view, ["a"], 0) == []
 
 
