@@ -111,6 +111,11 @@ class ReferencingStorage(StoragePlugin):
         plugin, inner = self._route(location)
         await plugin.read_into(inner, start, buffers)
 
+    async def prefetch(self, location: str, byte_range: ByteRange) -> None:
+        # only this snapshot's own objects: a base is opened (and its id checked) by a read alone
+        if not any(location.startswith(base + "/") for base in self._bases):
+            await self._plugin.prefetch(location, byte_range)
+
     async def write(self, location: str, data: object) -> None:
         raise PermissionError(f"{location}: a snapshot's read-side storage does not write")
 

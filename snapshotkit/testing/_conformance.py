@@ -21,6 +21,7 @@ import pytest
 
 from snapshotkit._format.entries import METADATA_FILENAME
 from snapshotkit.storage._base import ByteRange, StoragePlugin
+from snapshotkit.testing._conformance_hints import HintCases
 from snapshotkit.testing._conformance_listing import ListingCases
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def _pattern(size_bytes: int, seed: int = 0) -> bytes:
     return bytes((i * 31 + (i >> 8) * 7 + seed) % 251 for i in range(size_bytes))
 
 
-class StoragePluginConformance(ListingCases):
+class StoragePluginConformance(ListingCases, HintCases):
     """Test base class that checks a :class:`~snapshotkit.storage.StoragePlugin` keeps the SPI contract.
 
     Subclass it in a test module under a ``Test*`` name; pytest then collects every ``test_*``
@@ -231,22 +232,6 @@ class StoragePluginConformance(ListingCases):
         assert bytes(second) == expected[7:1007]
         assert floats.tobytes() == expected[1007:1071]
         assert bytes(third) == expected[1071:]
-
-    def test_prefetch_is_a_hint_that_changes_nothing(self, root: str) -> None:
-        payload = _pattern(5000, seed=17)
-        self.ground_truth_write(root, "object.bin", payload)
-
-        async def scenario(plugin: StoragePlugin) -> bytes | memoryview:
-            await plugin.prefetch("object.bin", ByteRange(100, 4100))
-            await plugin.prefetch("object.bin", ByteRange(0, 0))
-            # a hint never raises: the reads that follow report a missing or short object
-            await plugin.prefetch("missing.bin", ByteRange(0, 10))
-            await plugin.prefetch("object.bin", ByteRange(4000, 9000))
-            return await plugin.read("object.bin", ByteRange(100, 4100))
-
-        assert bytes(self._run(root, scenario)) == payload[100:4100]
-        self._assert_stored(root, "object.bin", payload)
-        assert self.ground_truth_read(root, "missing.bin") is None
 
     def test_read_into_up_to_the_last_byte(self, root: str) -> None:
         payload = _pattern(300, seed=13)

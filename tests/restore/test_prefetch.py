@@ -153,3 +153,22 @@ def test_hinted_ranges_cover_the_wanted_pieces_in_read_order_up_to_the_budget(
         assert covered == len(wanted)
     for r in ranges:  # nothing hinted that no wanted piece touches
         assert any(f"x{loc}" == r.location and s < r.byte_range.end and r.byte_range.start < e for loc, s, e in wanted)
+
+
+def test_an_incremental_restore_hints_only_its_own_objects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = _state(10, 3)
+    snapshotkit.Snapshot.take(str(tmp_path / "s1"), {"a": snapshotkit.StateDict(state)})
+    changed = dict(state, t0=state["t0"] + 1)
+    snapshotkit.Snapshot.take(str(tmp_path / "s2"), {"a": snapshotkit.StateDict(changed)}, base=str(tmp_path / "s1"))
+    hints: list[tuple[str, str]] = []
+
+    async def record(self: FSStoragePlugin, location: str, byte_range: ByteRange) -> None:
+        hints.append((str(self.root), location))
+
+    monkeypatch.setattr(FSStoragePlugin, "prefetch", record)
+    out = {n: torch.empty_like(t) for n, t in changed.items()}
+    snapshotkit.Snapshot(str(tmp_path / "s2")).restore({"a": snapshotkit.StateDict(out)})
+    assert all(torch.equal(out[n], t) for n, t in changed.items())
+    assert hints
+    assert {root for root, _ in hints} == {str(tmp_path / "s2")}
+    assert all(not location.startswith("..") for _, location in hints)
