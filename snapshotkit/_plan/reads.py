@@ -11,6 +11,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
 
+#: Largest gap between two requests that one ranged read spans (the gap's bytes are read and dropped).
+MAX_GAP_BYTES = 4096
+
 
 class RangeRequest(NamedTuple):
     """A wanted byte range ``[start, end)`` of ``location``; ``tag`` lets the caller find it again.
@@ -43,7 +46,7 @@ def plan_read_batches(
     requests: Sequence[RangeRequest],
     *,
     max_batch_bytes: int,
-    max_gap_bytes: int = 4096,
+    max_gap_bytes: int = MAX_GAP_BYTES,
 ) -> list[ReadBatch]:
     """Merge requests on the same object into ranged reads.
 

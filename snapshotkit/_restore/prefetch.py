@@ -27,8 +27,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from snapshotkit._plan.reads import MAX_GAP_BYTES
 from snapshotkit._restore.columns import ColumnView
-from snapshotkit._restore.runs import MAX_GAP_BYTES
 from snapshotkit.storage import ByteRange, StoragePlugin
 
 logger = logging.getLogger("snapshotkit.restore")

@@ -28,15 +28,13 @@ import torch
 from snapshotkit._format.checksum import crc32c_each
 from snapshotkit._format.entries import Piece
 from snapshotkit._format.serialization import memory_view
+from snapshotkit._plan.reads import MAX_GAP_BYTES
 from snapshotkit._restore.failures import storage_failure
 from snapshotkit._restore.fetch import MAX_BATCH_BYTES, PieceRead, storage_object_failure, verify_read
 from snapshotkit._runtime.budget import MemoryBudget
 from snapshotkit._runtime.loop import gather_or_cancel, to_thread
 from snapshotkit.errors import UnsafeStorageObjectError
 from snapshotkit.storage import StoragePlugin
-
-#: Largest gap between two pieces one ranged read spans (:func:`~snapshotkit._plan.reads.plan_read_batches`'s).
-MAX_GAP_BYTES = 4096
 
 
 @dataclasses.dataclass(frozen=True)

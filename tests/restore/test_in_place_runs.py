@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit._format.entries import Piece
-from snapshotkit._restore.runs import MAX_GAP_BYTES, InPlaceRun, _batches
+from snapshotkit._plan.reads import MAX_GAP_BYTES
+from snapshotkit._restore.runs import InPlaceRun, _batches
 from snapshotkit._runtime.touched import state_touched
 from snapshotkit.errors import ChecksumMismatchError, StateMismatchError, TruncatedDataError
 
