@@ -332,7 +332,7 @@ def restore_case(model: Model, incremental: Path, full: Path, repeats: int) -> R
                 path = incremental if variant == "incremental" else full
                 for t in dst["model"].values():
                     t.zero_()
-                got = M.prepare_cache(cache == "cold")
+                got = M.prepare_cache(cache == "cold", sorted({full.parent, incremental.parent}))  # bases too
                 if cache == "cold":
                     cache_state = got
                 with M.Measure() as m:

@@ -172,7 +172,8 @@ def child(op: str, work: Path, count: int, tensor_bytes: int, snapshot: str = "s
 
 
 def run_child(args: Any, op: str, work: Path, pythonpath: str, cold: bool, snapshot: str = "snap") -> dict[str, Any]:
-    cache = M.prepare_cache(cold) if op in READS else "n/a"
+    inputs = [work / "state.safetensors"] if op.startswith("safetensors") else [work / snapshot]
+    cache = M.prepare_cache(cold, inputs) if op in READS else "n/a"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPSHOTKIT_")}
     env["PYTHONPATH"] = pythonpath
     cmd = [sys.executable, __file__, "--child", op, "--dir", str(work), "--snapshot", snapshot]
