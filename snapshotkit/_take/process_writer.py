@@ -40,6 +40,7 @@ _TOUCH_BYTES = 1 << 20
 # inherit the niceness of the thread that creates them.
 _DAEMON_BOOTSTRAP = """\
 import os, sys
+sys.path[:] = [p for p in sys.path if p]  # not the working directory first (-c puts it there): the trainer's path
 if int(sys.argv[2]) > 0:
     try:
         os.setpriority(os.PRIO_PROCESS, 0, max(int(sys.argv[2]), os.getpriority(os.PRIO_PROCESS, 0)))
@@ -80,7 +81,8 @@ class ProcessWriter:
         # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's
         # __main__ and fails in scripts without a main guard), connected by a socket pair.
         parent, child = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # the trainer's own import path, its working directory where it has one (as "" in sys.path)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
         self.process = subprocess.Popen(
             [sys.executable, "-c", _DAEMON_BOOTSTRAP, str(child.fileno()), str(niceness)],
             pass_fds=(child.fileno(),),

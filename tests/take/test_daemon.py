@@ -48,3 +48,33 @@ def test_daemon_exits_cleanly_after_failed_writes(tmp_path: Path, error: str) ->
     assert done.stdout.strip() == "daemon exit code 0", done.stdout + done.stderr
     assert done.stderr == "", done.stderr  # the daemon shares this stderr: no BufferError, no traceback
     assert not path.exists() or not any(path.rglob("*.snapshot_metadata"))
+
+
+def test_daemon_imports_the_trainers_snapshotkit_not_one_in_the_working_directory(tmp_path: Path) -> None:
+    # Before: the daemon was started with `python -c`, which puts the working directory first on
+    # sys.path, so a `snapshotkit` folder there (a source checkout, another version) shadowed the
+    # one the trainer imported, and the daemon exited with code 1 before writing anything.
+    decoy = tmp_path / "cwd" / "snapshotkit"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy snapshotkit was imported')\n")
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from snapshotkit import Snapshot, StateDict
+        pending = Snapshot.async_take({str(tmp_path / "snap")!r}, {{"s": StateDict(w=torch.ones(8))}}, executor="process")
+        pending.wait()
+        print("committed")
+        """
+    )
+    (tmp_path / "train.py").write_text(script)  # a script: its own folder, not the working directory, on sys.path
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": repo}
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "train.py")],
+        cwd=tmp_path / "cwd",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert "committed" in proc.stdout, proc.stderr[-2000:]
