@@ -249,6 +249,51 @@ class Group:
             "Nothing was written; take the snapshot again once every rank runs"
         )
 
+    # ------------------------------------------------------------------ point to point
+    # (the fast-recovery tier's copies, snapshotkit/_tier/transfer.py: one sender, one receiver)
+
+    def send_to(self, tensor: Any, peer: int, what: str) -> None:
+        """Send the CPU ``tensor`` to rank ``peer`` of this group (gloo), which must receive it
+        with :meth:`receive_from`; wait at most ``timeout_seconds`` for that.
+
+        Raises:
+            CollectiveTimeoutError: ``peer`` did not take it in time (``what`` names the step).
+            RankFailedError: the connection to ``peer`` was lost (it crashed or was killed).
+        """
+        import torch.distributed as dist
+
+        self._wait_for_peer(dist.isend(tensor, group=self.pg, group_dst=peer), peer, what)
+
+    def receive_from(self, tensor: Any, peer: int, what: str) -> None:
+        """Fill the CPU ``tensor`` with what rank ``peer`` of this group sends with :meth:`send_to`;
+        wait at most ``timeout_seconds`` for it.
+
+        Raises:
+            CollectiveTimeoutError: ``peer`` sent nothing in time (``what`` names the step).
+            RankFailedError: the connection to ``peer`` was lost (it crashed or was killed).
+        """
+        import torch.distributed as dist
+
+        self._wait_for_peer(dist.irecv(tensor, group=self.pg, group_src=peer), peer, what)
+
+    def _wait_for_peer(self, work: Any, peer: int, what: str) -> None:
+        self.collectives += 1
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout_seconds))
+        except RuntimeError as exc:
+            if _timed_out(exc):
+                raise CollectiveTimeoutError(
+                    f"{what}: rank {self.rank} of {self.world_size} waited {self.timeout_seconds:g} s for rank "
+                    f"{peer}, which did not answer. It crashed, hangs, or did not call the same snapshotkit "
+                    "operation with the same arguments; every rank must. Raise the timeout if it is just slow"
+                ) from exc
+            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise RankFailedError(
+                f"{what}: rank {self.rank} of {self.world_size} lost rank {peer} in the middle of the exchange "
+                f"({first_line}); it crashed or was killed. Go on once every rank runs again",
+                peer,
+            ) from exc
+
     # ------------------------------------------------------------------ the exchange
 
     def exchange(self, value: Any, error: BaseException | None, what: str, consequence: str = "") -> list[Any]:
