@@ -78,13 +78,16 @@ class Group:
         return torch.device("cpu")
 
     def _wait(self, work: Any, what: str) -> None:
+        """Wait for a collective: a timeout is a :class:`CollectiveTimeoutError`, a connection to
+        a rank lost (gloo: "Connection reset/closed by peer") a :class:`RankFailedError`, never
+        torch's ``RuntimeError``."""
         self.collectives += 1
         try:
             work.wait(timeout=datetime.timedelta(seconds=self.timeout_seconds))
         except RuntimeError as exc:
             if _timed_out(exc):
                 raise self._timeout_error(what) from exc
-            raise
+            raise self._peer_lost(exc, what) from exc
 
     def _timeout_error(self, what: str) -> CollectiveTimeoutError:
         """The error of a collective or store round the other ranks did not reach in time."""
@@ -233,20 +236,14 @@ class Group:
             raise self._peer_lost(exc, what) from exc
 
     def _wait_for_peers(self, work: Any, what: str) -> None:
-        """:meth:`_wait`, with a connection to a rank lost (gloo: "Connection closed by peer")
-        raised as a :class:`~snapshotkit.errors.RankFailedError`, not torch's ``RuntimeError``."""
-        try:
-            self._wait(work, what)
-        except SnapshotkitError:
-            raise
-        except RuntimeError as exc:
-            raise self._peer_lost(exc, what) from exc
+        """:meth:`_wait` (which raises a lost rank as a :class:`RankFailedError`)."""
+        self._wait(work, what)
 
     def _peer_lost(self, exc: BaseException, what: str) -> RankFailedError:
         return RankFailedError(
             f"{what}: rank {self.rank} of {self.world_size} lost another rank in the middle of the exchange "
-            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); a rank crashed or was killed. "
-            "Nothing was written; take the snapshot again once every rank runs"
+            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); a rank crashed or was killed, and this "
+            "rank stopped too (a take commits nothing). Run it again once every rank runs"
         )
 
     # ------------------------------------------------------------------ point to point

@@ -15,7 +15,6 @@ manifests say (the step, metrics and reason of each save are in the snapshot's u
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import secrets
 import signal
@@ -29,6 +28,7 @@ from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._format.steps import RootListing, step_dir
 from snapshotkit._lifecycle import fallback
+from snapshotkit._lifecycle.background import BackgroundRetention
 from snapshotkit._lifecycle.catalog import MANAGER_KEY, manager_record
 from snapshotkit._lifecycle.chains import SavePlan, check_incremental, plan_save
 from snapshotkit._lifecycle.janitor import RootJanitor
@@ -47,6 +47,8 @@ from snapshotkit._lifecycle.values import (
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._take.executors import EXECUTORS
 from snapshotkit._take.prepare import refuse_process_local
+from snapshotkit._tier.recover import resume
+from snapshotkit._tier.tier import LocalTier, check_tier_options
 from snapshotkit.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -97,6 +99,15 @@ class SnapshotManager:
             manager warms it up (:meth:`Snapshot.prepare_async`) at the end of
             :meth:`restore_latest`, so the first async save blocks about as long as later ones;
             this holds staging buffers of about the state's size. None: no warm-up.
+        local_root: this node's directory for the fast-recovery tier (a local disk or a RAM-backed
+            file system; each node passes its own): every ``local_interval_steps`` steps each rank
+            saves its own state there, alone, and :meth:`restore_latest` prefers these copies
+            (docs/lifecycle.md, "Tiers"). None: no local tier.
+        local_interval_steps: a local save at every multiple of this (needs ``local_root``).
+        local_keep_last: keep the newest this many local steps.
+        local_replicas: also keep each rank's local save on this many other nodes (sent over the
+            process group after it committed), so that a lost node's state is served by a peer.
+            Nodes are told apart by host name, or ``SNAPSHOTKIT_NODE_ID``.
 
     With neither ``keep_last`` nor ``keep_best``, nothing is ever deleted. The newest snapshot is
     always kept. Only snapshots a manager wrote are deleted: anything else under the root (a
@@ -127,6 +138,10 @@ class SnapshotManager:
         full_every: int = 10,
         async_executor: str | None = "thread",
         preemption_check_every: int = 10,
+        local_root: str | None = None,
+        local_interval_steps: int | None = None,
+        local_keep_last: int = 2,
+        local_replicas: int = 0,
     ) -> None:
         self.root = snapshot_path(root).rstrip("/")
         self.incremental, self.full_every = check_incremental(incremental, full_every)
@@ -137,6 +152,7 @@ class SnapshotManager:
             raise InvalidArgumentError(f"cleanup_incomplete must be True or False, got {cleanup_incomplete!r}")
         if async_executor is not None and async_executor not in EXECUTORS:
             raise ConfigError(f"async_executor must be one of {EXECUTORS} or None, got {async_executor!r}")
+        tier_options = check_tier_options(local_root, local_interval_steps, local_keep_last, local_replicas)
         self.pg, self.async_executor = pg, async_executor
         self._options = dict(storage_options or {})
         if async_executor == "process":
@@ -146,10 +162,8 @@ class SnapshotManager:
         self._pending: PendingSnapshot | None = None
         self._pending_step: int | None = None
         self._pending_for_preemption = False
-        self._retention_error: BaseException | None = None
         self.last_restore_report: RestoreReport | None = None
-        self._retention: concurrent.futures.Future[None] | None = None
-        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._retention = BackgroundRetention(self._janitor, self.policy, lambda: self._closed)
         self._preemption_saved = False
         self._closed = False
         error: BaseException | None = None
@@ -163,6 +177,7 @@ class SnapshotManager:
         self._steps: set[int] = set(agreed[0])
         self._watcher = PreemptionWatcher(signals)
         self._notices = NoticeAgreement(self._group, self._watcher, check_every, agreed[1])
+        self._tier = LocalTier(self._group, tier_options) if tier_options is not None else None
         weakref.finalize(self, self._watcher.close)  # a manager never closed still gives the signals back
 
     def __repr__(self) -> str:
@@ -258,6 +273,8 @@ class SnapshotManager:
             CollectiveTimeoutError: at an agreement, another rank did not call it in time.
         """
         notice = self._notices.poll(step := check_step(step))
+        if self._tier is not None and self._tier.wants(step):
+            return True
         if step in self._steps:
             return False
         return (notice and not self._preemption_saved) or on_interval(step, self.save_interval_steps)
@@ -312,12 +329,18 @@ class SnapshotManager:
         # a wrong argument on one rank makes every rank raise here, before anything is written
         self._group.exchange(None, error, "SnapshotManager.save: checking the arguments")
         self._settle_pending()
+        preemption = self._notices.agreed and not self._preemption_saved
+        local = None
+        if self._tier is not None and self._tier.wants(step):  # the local tier first: it is quick
+            record = {MANAGER_KEY: {"step": step, "metrics": clean, "reason": "local"}}
+            local = self._tier.save(step, app_state, metadata=record, async_take=async_take, take_kwargs=take_kwargs)
+            if not (preemption or on_interval(step, self.save_interval_steps)):
+                return local
         if step in self._steps:
             raise SnapshotExistsError(
                 f"step {step} already has a snapshot at {self.snapshot_path(step)!r}; snapshotkit never overwrites "
                 "one. Save a later step (should_save() is false for saved steps)"
             )
-        preemption = self._notices.agreed and not self._preemption_saved
         reason = "preemption" if preemption else "interval" if on_interval(step, self.save_interval_steps) else "manual"
         user_metadata[MANAGER_KEY] = {"step": step, "metrics": clean, "reason": reason}
         if self.incremental:
@@ -340,7 +363,7 @@ class SnapshotManager:
             self._pending, self._pending_step, self._pending_for_preemption = result, step, preemption
         if self._group.rank == 0:
             pending = result if isinstance(result, PendingSnapshot) else None
-            self._retention = self._background().submit(self._retain_after, pending, StepRecord(step, clean))
+            self._retention.submit(pending, StepRecord(step, clean))
         return result
 
     def wait(self) -> None:
@@ -352,12 +375,9 @@ class SnapshotManager:
         error: BaseException | None = None
         try:
             self._settle_pending()
-            retention, self._retention = self._retention, None
-            if retention is not None:
-                retention.result()
-            failed, self._retention_error = self._retention_error, None
-            if failed is not None:
-                raise failed
+            if self._tier is not None:
+                self._tier.wait()
+            self._retention.wait()
         except Exception as exc:
             error = exc
         self._group.exchange(None, error, "SnapshotManager.wait: finishing saves and retention")
@@ -380,8 +400,9 @@ class SnapshotManager:
         self._closed = True
         self._watcher.close()
         self._notices.close()
-        if self._worker is not None:
-            self._worker.shutdown(wait=wait, cancel_futures=not wait)
+        if self._tier is not None:
+            self._tier.close(wait=wait)
+        self._retention.close(wait=wait)
 
     # ------------------------------------------------------------------ resuming
 
@@ -421,9 +442,7 @@ class SnapshotManager:
         # a wrong app_state on one rank makes every rank raise here, before anything is read
         self._group.exchange(None, error, "SnapshotManager.restore_latest: checking app_state")
         self._settle_pending()
-        retention, self._retention = self._retention, None
-        if retention is not None:
-            retention.result()  # no deletion runs while older snapshots may be read
+        self._retention.settle()  # no deletion runs while older snapshots may be read
         committed: list[int] = []
         if self._group.rank == 0:
             try:
@@ -431,19 +450,17 @@ class SnapshotManager:
             except Exception as exc:
                 error = exc
         candidates: list[int] = self._group.exchange(committed, error, "restore_latest: listing the root")[0]
-        found = fallback.restore_newest(
-            self._group,
-            candidates,
-            lambda step: Snapshot(self.snapshot_path(step), pg=self.pg, storage_options=self._options),
-            app_state,
-            restore_kwargs,
-        )
+
+        def open_step(step: int) -> Snapshot:
+            return Snapshot(self.snapshot_path(step), pg=self.pg, storage_options=self._options)
+
+        found = resume(self._group, self._tier, candidates, open_step, app_state, restore_kwargs)
         if self.async_executor is not None:  # the run starts here: warm the first async save up
             Snapshot.prepare_async(app_state, self.pg, executor=self.async_executor)
         if found is None:
             return None
         step, self.last_restore_report = found
-        self._steps.add(step)
+        (self._steps if step in candidates else self._tier.saved).add(step)  # type: ignore[union-attr]
         return step
 
     def cleanup(self) -> list[int]:
@@ -460,25 +477,6 @@ class SnapshotManager:
     def _cleanup(self) -> tuple[list[int], RootListing]:
         writing = self._pending_step if self._pending is not None and not self._pending.done() else None
         return self._janitor.cleanup(writing)
-
-    def _retain_after(self, pending: PendingSnapshot | None, record: StepRecord) -> None:
-        """Rank 0's background work after a save: once it committed, delete what the policy drops.
-
-        A failure is logged at WARNING and kept for :meth:`wait` to raise (the first one)."""
-        if pending is not None:
-            try:
-                pending.wait()
-            except BaseException:
-                return  # the caller learns of the failure from wait() or the next save()
-        if self._closed:
-            return
-        try:
-            self._janitor.remember(record)
-            self._janitor.retain(self.policy)
-        except Exception as exc:
-            _log.warning("retention after the save of step %d failed: %s", record.step, exc, exc_info=exc)
-            if self._retention_error is None:
-                self._retention_error = exc
 
     # ------------------------------------------------------------------ helpers
 
@@ -513,8 +511,3 @@ class SnapshotManager:
             if self._pending_for_preemption:
                 self._preemption_saved = False  # the notice still needs its save
             raise
-
-    def _background(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._worker is None:
-            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshotkit-retention")
-        return self._worker

@@ -51,11 +51,16 @@ class RestoreReport:
             today, every leaf of an optimizer parameter's saved state when one of its state
             tensors has another shape than the parameter needs. That parameter keeps its current
             state (a fresh optimizer creates it at the next ``step()``).
+        source: which tier served this rank, in a report of
+            :meth:`SnapshotManager.restore_latest <snapshotkit.SnapshotManager.restore_latest>` with
+            a ``local_root``: ``"local"`` (its own copy on this node), ``"peer"`` (a replica
+            another node sent) or ``"durable"`` (the root); None everywhere else.
     """
 
     missing_keys: tuple[str, ...] = ()
     unexpected_keys: tuple[str, ...] = ()
     mismatched_keys: tuple[str, ...] = ()
+    source: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

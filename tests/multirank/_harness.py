@@ -70,7 +70,7 @@ def run_ranks(
 ) -> list[Any]:
     """``[target(rank, world_size, *args) for each rank]``, each run in its own process
     (``backend="nccl"``: rank ``r`` on GPU ``r``; ``missing_ok``: None for a rank that exited
-    without a result, as a rank killed on purpose does)."""
+    without a result, as a rank killed on purpose does, while the others run to their end)."""
     with tempfile.TemporaryDirectory(prefix="snapshotkit-ranks-") as out_dir:
         context = mp.start_processes(
             _entry,
@@ -81,7 +81,12 @@ def run_ranks(
         )
         deadline = time.monotonic() + timeout
         try:
-            while not context.join(timeout=max(0.0, deadline - time.monotonic())):
+            if missing_ok:  # a rank that dies (even by SIGKILL) must not take the others down with it
+                for process in context.processes:
+                    process.join(timeout=max(0.0, deadline - time.monotonic()))
+                if any(process.is_alive() for process in context.processes):
+                    raise TimeoutError(f"{world_size} ranks running {target.__name__} did not finish in {timeout} s")
+            while not missing_ok and not context.join(timeout=max(0.0, deadline - time.monotonic())):
                 if time.monotonic() >= deadline:
                     raise TimeoutError(f"{world_size} ranks running {target.__name__} did not finish in {timeout} s")
         finally:

@@ -61,7 +61,8 @@ def test_daemon_imports_the_trainers_snapshotkit_not_one_in_the_working_director
         f"""
         import torch
         from snapshotkit import Snapshot, StateDict
-        pending = Snapshot.async_take({str(tmp_path / "snap")!r}, {{"s": StateDict(w=torch.ones(8))}}, executor="process")
+        state = {{"s": StateDict(w=torch.ones(8))}}
+        pending = Snapshot.async_take({str(tmp_path / "snap")!r}, state, executor="process")
         pending.wait()
         print("committed")
         """
