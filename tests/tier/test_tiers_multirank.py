@@ -206,3 +206,58 @@ def test_kill_9_during_a_local_save_leaves_the_previous_step_restorable(tmp_path
     assert all(r["exact"] for r in results)
     assert [r["source"] for r in results] == ["local"] * WORLD
     assert all(8 in r["own_local_steps"] for r in results)  # saved again, committed this time
+
+
+def _resume_then_die_receiving_a_replica(rank: int, world: int, root: str, locals_: str, victim: int) -> str:
+    """Run 2: resume, train to step 8; rank ``victim`` SIGKILLs itself in the middle of
+    receiving a peer's replica of step 8 (after the first bytes are written)."""
+    import signal
+
+    from snapshotkit._tier import transfer
+
+    mgr = _manager(rank, root, locals_, 1)
+    state = StateDict(w=torch.zeros(64), step=-1)
+    assert mgr.restore_latest({"s": state}) == 6
+    if rank == victim:
+        write = transfer._write_all
+
+        def write_then_die(fd: int, data: memoryview, path: Path) -> str:
+            if "step_8" in str(path):
+                write(fd, data[: len(data) // 2], path)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return write(fd, data, path)
+
+        transfer._write_all = write_then_die  # type: ignore[assignment]
+    try:
+        for step in (7, 8):
+            state["w"] = state["w"] * 1.5 + step
+            state["step"] = step
+            if mgr.should_save(step):
+                mgr.save(step, {"s": state})
+        mgr.wait()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def test_kill_9_during_a_replica_transfer_leaves_the_steps_restorable(tmp_path: Path) -> None:
+    root, locals_ = tmp_path / "durable", tmp_path / "local"
+    run_ranks(WORLD, _train, str(root), str(locals_), 1, 7, False)
+    outcome = run_ranks(
+        WORLD,
+        _resume_then_die_receiving_a_replica,
+        str(root),
+        str(locals_),
+        0,
+        missing_ok=True,
+        env={"SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS": "10"},
+    )
+    assert outcome[0] is None  # killed while receiving
+    assert {o.split(":")[0] for o in outcome[1:]} <= {"CollectiveTimeoutError", "RankFailedError", "no error"}, outcome
+    assert list((locals_ / "A" / "step_8").glob("rank_*.incoming-*"))  # what the receiver left
+    results = run_ranks(WORLD, _resume, str(root), str(locals_), 1)
+    # every rank's own copy of step 8 committed before the replication: step 8, each from its own
+    assert [r["step"] for r in results] == [8] * WORLD
+    assert all(r["exact"] for r in results)
+    assert [r["source"] for r in results] == ["local"] * WORLD
+    assert not list((locals_ / "A" / "step_8").glob("rank_*.incoming-*"))  # removed by the next manager
