@@ -186,6 +186,14 @@ class Group:
     # (snapshotkit/_take/exchange.py: a fixed-size header from every rank, then each distinct
     # description once, from the lowest rank holding it)
 
+    def new_gloo_group(self) -> Any:
+        """A new gloo process group over this group's ranks, for one purpose alone (the local
+        tier's copies). Every rank of this group must call it, in the same order as any other
+        group creation."""
+        import torch.distributed as dist
+
+        return dist.new_group(self.member_ranks(), backend="gloo", use_local_synchronization=True)
+
     def member_ranks(self) -> list[int]:
         """The global rank of each rank of this group, in group order (a DTensor's mesh names global ranks)."""
         if self.pg is None:

@@ -65,7 +65,7 @@ class LocalTier:
         self.held_for = tuple(owner for owner, holders in enumerate(self.holders) if rank in holders)
         self.root = LocalRoot(options.root, {rank, *self.held_for})
         self.own_pg = own_process_group()
-        self.copy_group = _copy_group(group) if group.distributed else None
+        self.copy_group = group.new_gloo_group() if group.distributed else None
         self.last_outcomes: list[TransferOutcome] = []
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._background: list[concurrent.futures.Future[None]] = []
@@ -214,14 +214,6 @@ class LocalTier:
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshotkit-local-tier")
         return self._worker
-
-
-def _copy_group(group: Group) -> Any:
-    """A gloo group over ``group``'s ranks for the local tier's transfers alone (collective: every
-    rank of ``group`` creates it, in the same order)."""
-    import torch.distributed as dist
-
-    return dist.new_group(group.member_ranks(), backend="gloo", use_local_synchronization=True)
 
 
 @dataclasses.dataclass(frozen=True)
