@@ -111,12 +111,15 @@ class ColumnView(Mapping[str, Entry]):
             slots = self.slots
             leaves = dict(zip(inside, map(slots.__getitem__, inside), strict=True))
         containers: dict[str, DictEntry | ListEntry] = {}
-        for path in [path for path, slot in leaves.items() if type(slot) is not int]:
+        for path in list(itertools.compress(leaves, map(operator.is_not, map(type, leaves.values()), _INT))):
             slot = leaves[path]
             if isinstance(slot, (DictEntry, ListEntry)):
                 containers[path] = slot
                 del leaves[path]
         return containers, ColumnView(self.columns, leaves, self.lists)
+
+
+_INT = itertools.repeat(int)
 
 
 def column_rank_view(metadata: SnapshotMetadata, rank: int) -> ColumnView | None:
