@@ -111,15 +111,14 @@ class ColumnView(Mapping[str, Entry]):
             slots = self.slots
             leaves = dict(zip(inside, map(slots.__getitem__, inside), strict=True))
         containers: dict[str, DictEntry | ListEntry] = {}
-        for path in list(itertools.compress(leaves, map(operator.is_not, map(type, leaves.values()), _INT))):
+        for path in list(
+            itertools.compress(leaves, map(operator.is_not, map(type, leaves.values()), itertools.repeat(int)))
+        ):
             slot = leaves[path]
             if isinstance(slot, (DictEntry, ListEntry)):
                 containers[path] = slot
                 del leaves[path]
         return containers, ColumnView(self.columns, leaves, self.lists)
-
-
-_INT = itertools.repeat(int)
 
 
 def column_rank_view(metadata: SnapshotMetadata, rank: int) -> ColumnView | None:
