@@ -34,11 +34,25 @@ class StateDict(UserDict):  # type: ignore[type-arg]
     ``load_state_dict(sd)`` updates it.
     """
 
+    def __init__(self, items: Any = None, /, **kwargs: Any) -> None:
+        cls = type(self)
+        if type(items) is dict and cls.__setitem__ is _SETITEM and cls.update is _UPDATE:
+            # UserDict adds a dict's items one __setitem__ call each; here that call stores the
+            # item, so one copy in C gives the same dict (a restore of many tensors builds one)
+            self.data = dict(items)
+            if kwargs:
+                self.update(kwargs)
+        else:
+            super().__init__(items, **kwargs)
+
     def state_dict(self) -> dict[str, Any]:
         return self.data
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.data.update(state_dict)
+
+
+_SETITEM, _UPDATE = UserDict.__setitem__, UserDict.update
 
 
 class RNGState:

@@ -110,8 +110,7 @@ def _decode_sealed(data: bytes) -> dict[str, Any]:
             'the manifest\'s first line is not {"integrity": "sha256:<64 lowercase hex digits>",; '
             "it is corrupt or was edited by hand"
         )
-    body = data[line.end() :]
-    digest = hashlib.sha256(body).hexdigest()
+    digest = hashlib.sha256(memoryview(data)[line.end() :]).hexdigest()  # the body, hashed without a copy
     if digest.encode("ascii") != line.group(1):
         raise ManifestIntegrityError(
             f"the manifest's content does not match its integrity check (sha256 {digest}, the manifest "

@@ -20,6 +20,7 @@ import base64
 import bisect
 import itertools
 import math
+import operator
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -130,8 +131,8 @@ def decode_entries(
         raise ManifestError(f"{_where('rank')} is not sorted at entry {bad + 1}; the manifest is corrupt or crafted")
     bounds = [0, *(np.flatnonzero(rank[1:] != rank[:-1]) + 1).tolist(), count]
     for low, high in itertools.pairwise(bounds):
-        segment = paths[low:high]  # sorting a sorted list and hashing it run in C: cheaper than a loop
-        if segment != sorted(segment) or len(set(segment)) != len(segment):
+        segment = paths[low:high]  # sorted and unique: each path below the next, compared pairwise in C
+        if not all(map(operator.lt, segment, itertools.islice(segment, 1, None))):
             i = next(i for i in range(low + 1, high) if not paths[i - 1] < paths[i])
             raise _fail(key_of(i), "the paths are not sorted and unique within a rank; the manifest is corrupt")
 

@@ -16,7 +16,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 from snapshotkit._format import torchsnapshot_names as names
@@ -65,6 +65,23 @@ def join_path(prefix: str, key: str | int) -> str:
     """The logical path of child ``key`` of the node at ``prefix`` (``""`` for the root)."""
     component = escape_key(key)
     return f"{prefix}/{component}" if prefix else component
+
+
+def child_paths(prefix: str, keys: Iterable[str | int]) -> list[str]:
+    """:func:`join_path` of ``prefix`` and each of ``keys``, in order: one concatenation per key
+    when no key needs escaping (a container of many children names them all at once)."""
+    keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+    kinds = set(map(type, keys))
+    if kinds <= {str}:
+        text = "".join(keys)  # type: ignore[arg-type]
+        if "%" in text or "/" in text:  # some key needs escaping
+            return [join_path(prefix, key) for key in keys]
+        components = keys
+    elif kinds <= {int}:  # an int prints without "%" or "/"
+        components = list(map(str, keys))
+    else:
+        return [join_path(prefix, key) for key in keys]
+    return list(map(f"{prefix}/".__add__, components)) if prefix else list(components)  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import numpy as np
 
-from snapshotkit._format.entries import DictEntry, Entry, ListEntry, is_shared, join_path
+from snapshotkit._format.entries import DictEntry, Entry, ListEntry, child_paths, is_shared
 from snapshotkit._format.pieces import _fail
 from snapshotkit.errors import ManifestError
 
@@ -73,13 +73,13 @@ def check_column_containers(
     reached: dict[int, set[str]] = {r: set() for r in held}
     for i, row in zip(row_at, rows, strict=True):
         if isinstance(row, DictEntry):
-            children = _children(paths[i], row.keys)
+            children = child_paths(paths[i], row.keys)
         elif isinstance(row, ListEntry):
             if row.length > count:  # each child needs an entry: refuse before building names
                 raise _fail(
                     f"{ranks[i]}/{paths[i]}", f"length {row.length} exceeds the {count} entries of the manifest"
                 )
-            children = _children(paths[i], range(row.length))
+            children = child_paths(paths[i], range(row.length))
         else:
             continue
         key = f"{ranks[i]}/{paths[i]}"
@@ -98,17 +98,6 @@ def check_column_containers(
     for low, high in itertools.pairwise(bounds):
         if high > low:
             r = ranks[low]
-            unreached = [path for path in set(paths[low:high]).difference(reached[r]) if "/" in path]
+            unreached = [path for path in held[r].difference(reached[r]) if "/" in path]
             if unreached:  # a rank's paths are sorted: the first in key order is the least
                 raise _fail(f"{r}/{min(unreached)}", "no container names this entry; the manifest is corrupt")
-
-
-def _children(path: str, keys: Iterable[str | int]) -> list[str]:
-    """The logical paths of the children ``keys`` of ``path`` (:func:`~.entries.join_path` of each)."""
-    keys = list(keys)
-    if set(map(type, keys)) <= {str}:
-        text = "".join(keys)  # type: ignore[arg-type]
-        if "%" not in text and "/" not in text:  # no key needs escaping
-            prefix = path + "/"
-            return [prefix + k for k in keys]  # type: ignore[operator]
-    return [join_path(path, k) for k in keys]

@@ -15,8 +15,9 @@ so any depth a take accepts is restored), and no int, key or leaf, has more than
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from snapshotkit._format.entries import (
@@ -24,6 +25,7 @@ from snapshotkit._format.entries import (
     DictEntry,
     ListEntry,
     TupleEntry,
+    child_paths,
     escape_key,
     join_path,
     unescape_key,
@@ -88,8 +90,8 @@ class Flattened:
 
 
 def _is_flattenable_dict(obj: Mapping[Any, Any], path: str) -> bool:
-    if all(type(key) is str and key.isascii() for key in obj):  # the common case, in one pass:
-        return True  # distinct keys (a dict's), each fits inline
+    if set(map(type, obj)) <= {str} and "".join(obj).isascii():  # the common case, in C: distinct
+        return True  # keys (a dict's), each fits inline
     seen: set[str] = set()
     for key in obj:
         if type(key) is int:
@@ -121,10 +123,10 @@ def flatten(obj: Any, prefix: str) -> Flattened:
         entry: ContainerEntry
         if (kind is dict or kind is OrderedDict) and _is_flattenable_dict(value, path):
             entry = DictEntry(tuple(value.keys()), ordered=kind is OrderedDict)
-            children = [(join_path(path, k), v) for k, v in value.items()]
+            children, items = child_paths(path, entry.keys), list(value.values())
         elif kind is list or kind is tuple:
             entry = ListEntry(len(value)) if kind is list else TupleEntry(len(value))
-            children = [(join_path(path, i), v) for i, v in enumerate(value)]
+            children, items = child_paths(path, range(len(value))), list(value)
         else:
             leaves[path] = value
             continue
@@ -136,8 +138,15 @@ def flatten(obj: Any, prefix: str) -> Flattened:
                 "object (e.g. a class instance) to store it with torch.save"
             )
         containers[path] = entry
-        stack.extend((child, item, depth + 1) for child, item in reversed(children))
+        if _DESCENDED.isdisjoint(map(type, items)):  # only leaves below: depth first, they come next, in order
+            leaves.update(zip(children, items, strict=True))
+        else:
+            stack.extend(zip(reversed(children), reversed(items), itertools.repeat(depth + 1)))
     return Flattened(containers, leaves)
+
+
+#: The container types :func:`flatten` may descend (a dict only when its keys allow).
+_DESCENDED = frozenset((dict, OrderedDict, list, tuple))
 
 
 def inflate(prefix: str, containers: Mapping[str, ContainerEntry], leaves: Mapping[str, Any]) -> Any:
@@ -150,18 +159,21 @@ def inflate(prefix: str, containers: Mapping[str, ContainerEntry], leaves: Mappi
         return leaves[prefix]
     built: dict[str, Any] = {}
     # Depth first: a container is visited once to push its child containers, and again, after
-    # they were all built, to build itself.
-    stack: list[tuple[str, bool]] = [(prefix, False)]
+    # they were all built, to build itself (its children's paths, named on the first visit, kept).
+    stack: list[tuple[str, list[str] | None]] = [(prefix, None)]
     while stack:
-        path, children_built = stack.pop()
+        path, children = stack.pop()
         entry = containers[path]
-        names: list[str | int] = list(entry.keys) if isinstance(entry, DictEntry) else list(range(entry.length))
-        children = [join_path(path, name) for name in names]
-        if not children_built:
-            stack.append((path, True))
-            stack.extend((child, False) for child in children if child not in leaves)
+        if children is None:
+            names: Iterable[str | int] = entry.keys if isinstance(entry, DictEntry) else range(entry.length)
+            children = child_paths(path, names)
+            stack.append((path, children))
+            stack.extend((child, None) for child in itertools.filterfalse(leaves.__contains__, children))
             continue
-        values = [leaves[child] if child in leaves else built.pop(child) for child in children]
+        if built:
+            values = [leaves[child] if child in leaves else built.pop(child) for child in children]
+        else:  # no container below was built: every child is a leaf (or missing: KeyError)
+            values = list(map(leaves.__getitem__, children))
         if isinstance(entry, DictEntry):
             items = list(zip(entry.keys, values, strict=True))
             built[path] = OrderedDict(items) if entry.ordered else dict(items)

@@ -111,7 +111,9 @@ class ColumnView(Mapping[str, Entry]):
             slots = self.slots
             leaves = dict(zip(inside, map(slots.__getitem__, inside), strict=True))
         containers: dict[str, DictEntry | ListEntry] = {}
-        for path in [path for path, slot in leaves.items() if type(slot) is not int]:
+        for path in list(
+            itertools.compress(leaves, map(operator.is_not, map(type, leaves.values()), itertools.repeat(int)))
+        ):
             slot = leaves[path]
             if isinstance(slot, (DictEntry, ListEntry)):
                 containers[path] = slot
@@ -174,9 +176,12 @@ def plan_column_leaves(
     slots = np.fromiter(map(values.__getitem__, picked), dtype=np.int64, count=len(picked))
     simple = leaves.lists.simple()[slots]
     positions, slots = positions[simple], slots[simple]
-    picked = positions.tolist()
-    paths = list(map(all_paths.__getitem__, picked))
-    targets: list[torch.Tensor] = [targets_all[k] for k in picked]
+    targets: list[torch.Tensor]  # each a plain tensor (the candidates' destinations)
+    if len(positions) == n:  # the common case: every leaf (no copies)
+        paths, targets = all_paths, targets_all  # type: ignore[assignment]
+    else:
+        picked = positions.tolist()
+        paths, targets = list(map(all_paths.__getitem__, picked)), [targets_all[k] for k in picked]
     fits = _fits(leaves.columns, slots, targets)
     known: dict[str, Any] = {}
     if fits.any():
@@ -196,7 +201,8 @@ _PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))
 def _fits(c: TensorColumns, slots: np.ndarray, targets: list[torch.Tensor]) -> np.ndarray:
     """Per candidate: whether its destination is a plain contiguous CPU tensor of the entry's
     dtype and shape, without a lazy conj/neg bit, checked column by column (a quantized
-    tensor's dtype is never a raw dtype, so the dtype check refuses it)."""
+    tensor's dtype is never a raw dtype, so the dtype check refuses it; :func:`_plain_memory`
+    checks the memory)."""
     n = len(targets)
     if not n:
         return np.zeros(0, dtype=bool)
@@ -204,21 +210,21 @@ def _fits(c: TensorColumns, slots: np.ndarray, targets: list[torch.Tensor]) -> n
     def column(values: Iterator[Any], dtype: Any = bool) -> np.ndarray:
         return np.fromiter(values, dtype=dtype, count=n)
 
-    tensor = torch.Tensor
-    fits = column(map(operator.is_, map(_LAYOUT, targets), itertools.repeat(torch.strided)))
-    fits &= column(map(_IS_CPU, targets))
-    fits &= column(map(tensor.is_contiguous, targets))
-    fits &= ~column(map(tensor.is_conj, targets))
-    fits &= ~column(map(tensor.is_neg, targets))
+    dtypes = list(map(_DTYPE, targets))
+    fits = _plain_memory(targets, any(dtype.is_complex for dtype in set(dtypes)))
     code_of = _Codes({dtype: c.dtypes.index(name) for dtype, name in DTYPE_NAMES.items() if name in c.dtypes})
-    fits &= column(map(code_of.__getitem__, map(_DTYPE, targets)), np.int64) == c.dtype[slots]
+    if dtypes.count(dtypes[0]) == n:  # the common case: one dtype (counted in C, by identity first)
+        fits &= c.dtype[slots] == code_of[dtypes[0]]
+    else:
+        fits &= column(map(code_of.__getitem__, dtypes), np.int64) == c.dtype[slots]
     # dtype and shape decide the bytes: decoding checked that the piece holds the shape's bytes
     shapes = list(map(_SHAPE, targets))
     ndim = column(map(len, shapes), np.int64)
     low = c.dim_offsets[slots]
     fits &= ndim == c.dim_offsets[slots + 1] - low
     same = fits.nonzero()[0]
-    sizes = np.fromiter(itertools.chain.from_iterable(map(shapes.__getitem__, same.tolist())), np.int64)
+    kept = shapes if len(same) == n else list(map(shapes.__getitem__, same.tolist()))
+    sizes = np.fromiter(itertools.chain.from_iterable(kept), np.int64)
     counts = ndim[same]
     # the saved dims of the candidates whose ndim matches, in the same order as ``sizes``
     firsts = np.repeat(low[same] - np.cumsum(counts) + counts, counts) + np.arange(len(sizes))
@@ -227,15 +233,46 @@ def _fits(c: TensorColumns, slots: np.ndarray, targets: list[torch.Tensor]) -> n
     return fits
 
 
+def _plain_memory(targets: list[torch.Tensor], complex_dtypes: bool) -> np.ndarray:
+    """Per tensor: whether it is a strided CPU tensor, contiguous, without a lazy conj or neg bit.
+
+    Each property is read for every tensor, one pass per property (one attribute per pass: a
+    getter of several attributes costs more); when every tensor has them all (the common case)
+    the passes are ``all``/``any`` in C and no column is built, otherwise every property of
+    every tensor is read again as a column. The conj bit is read only when ``complex_dtypes``
+    (some tensor is complex): torch sets it on complex tensors alone.
+    """
+    n, tensor, strided = len(targets), torch.Tensor, itertools.repeat(torch.strided)
+    if (
+        all(map(operator.is_, map(_LAYOUT, targets), strided))
+        and all(map(_IS_CPU, targets))
+        and all(map(tensor.is_contiguous, targets))
+        and not (complex_dtypes and any(map(tensor.is_conj, targets)))
+        and not any(map(tensor.is_neg, targets))
+    ):
+        return np.ones(n, dtype=bool)
+
+    def column(values: Iterator[Any]) -> np.ndarray:
+        return np.fromiter(values, dtype=bool, count=n)
+
+    fits = column(map(operator.is_, map(_LAYOUT, targets), itertools.repeat(torch.strided)))
+    fits &= column(map(_IS_CPU, targets))
+    fits &= column(map(tensor.is_contiguous, targets))
+    if complex_dtypes:
+        fits &= ~column(map(tensor.is_conj, targets))
+    fits &= ~column(map(tensor.is_neg, targets))
+    return fits
+
+
+_LAYOUT, _IS_CPU, _DTYPE = operator.attrgetter("layout"), operator.attrgetter("is_cpu"), operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
+
+
 class _Codes(dict[torch.dtype, int]):
     """torch dtype -> index in the manifest's dtype table; -1 for one it does not hold."""
 
     def __missing__(self, key: torch.dtype) -> int:
         return -1
-
-
-_LAYOUT, _IS_CPU, _DTYPE = operator.attrgetter("layout"), operator.attrgetter("is_cpu"), operator.attrgetter("dtype")
-_SHAPE = operator.attrgetter("shape")
 
 
 def _plan_fitting(
@@ -265,10 +302,11 @@ def _plan_fitting(
     if not len(chosen):
         return {}
     first = c.piece_offsets[slots[chosen]]
-    chosen_list = chosen.tolist()
-    run_paths = [paths[k] for k in chosen_list]
-    run_targets = [targets[k] for k in chosen_list]
-    firsts = first.tolist()
+    if len(chosen) == len(paths):  # the common case: every candidate
+        run_paths, run_targets = paths, targets
+    else:
+        chosen_list = chosen.tolist()
+        run_paths, run_targets = list(map(paths.__getitem__, chosen_list)), list(map(targets.__getitem__, chosen_list))
     loader.add_run(
         InPlaceRun(
             run_paths,
@@ -279,7 +317,7 @@ def _plan_fitting(
             c.length[first],
             c.checksum[first],
             c.locations,
-            lambda i: lists.piece(firsts[i]),
+            lambda i: lists.piece(int(first[i])),
         )
     )
     return dict(zip(run_paths, run_targets, strict=True))

@@ -138,11 +138,12 @@ def _child_containers(path: str, keys: tuple[str | int, ...], containers: Mappin
     (a child's name is its parent's, ``/`` and its escaped key, which holds no ``/``)."""
     if len(containers) >= len(keys):
         return [child for key in keys if (child := join_path(path, key)) in containers]
-    prefix, named = path + "/", set(keys)
+    prefix, named = path + "/", None
     found = []
     for child in containers:
         component = child[len(prefix) :]
         if child.startswith(prefix) and "/" not in component:
+            named = set(keys) if named is None else named  # only once a container may be a child
             key = unescape_key(component)
             if key in named or _as_int(key) in named:
                 found.append(child)

@@ -148,7 +148,6 @@ def plan_restore(
         StateMismatchError: (strict) keys or tensors differ (see :func:`~.partial.check_keys`), or an
             optimizer's state does not fit its parameters (see :mod:`.optimizer`).
     """
-    saved_keys = sorted({path.split("/", 1)[0] for path in view})
     steps: list[tuple[bool, Callable[[], None]]] = []
     missing: list[str] = []
     unexpected: list[str] = []
@@ -159,6 +158,7 @@ def plan_restore(
         is_rng, is_module = isinstance(stateful, RNGState), isinstance(stateful, torch.nn.Module)
         if root not in view:
             if strict:
+                saved_keys = sorted({path.split("/", 1)[0] for path in view})
                 raise AppStateKeyNotFoundError(
                     f"app_state key {key!r} is not in the snapshot at {snapshot_path!r} for this rank, which sees "
                     f"{saved_keys}{close_matches(root, saved_keys)}.{hint(root) if hint else ''} Remove it from "

@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import operator
 from collections.abc import Iterable
 
 import numpy as np
@@ -49,7 +50,8 @@ def prefetch_ranges(view: ColumnView, roots: Iterable[str] | None, budget_bytes:
     ``budget_bytes``."""
     c = view.columns
     if roots is None:
-        indices = [slot for slot in view.slots.values() if type(slot) is int]
+        slots = view.slots.values()  # the tensors' column indices (containers and rows are entries)
+        indices = list(itertools.compress(slots, map(operator.is_, map(type, slots), itertools.repeat(int))))
     else:
         prefixes = tuple(f"{root}/" for root in roots)
         tops = set(roots)

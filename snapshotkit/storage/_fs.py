@@ -21,6 +21,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import operator
 import os
 import stat
 import uuid
@@ -43,24 +44,32 @@ except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
 _MAX_SYSCALL_BYTES = 1 << 30
 
 
+_NBYTES = operator.attrgetter("nbytes")
+
 #: Bytes of one read-ahead hint to the kernel (:meth:`FSStoragePlugin.prefetch`).
 _PREFETCH_CHUNK_BYTES = 2 << 20
 
 
-def _next_batch(pending: list[memoryview]) -> list[memoryview]:
-    """The buffers one vectored syscall takes: at most IOV_MAX of them and about 1 GiB."""
-    batch: list[memoryview] = []
-    batch_bytes = 0
+def _next_batch(pending: list[memoryview]) -> tuple[list[memoryview], int]:
+    """The buffers one vectored syscall takes (at most IOV_MAX of them and about 1 GiB), and their bytes."""
+    batch = pending[:_IOV_MAX]
+    batch_bytes = sum(map(_NBYTES, batch))
+    if batch_bytes <= _MAX_SYSCALL_BYTES:  # the common case: the first IOV_MAX buffers, summed in C
+        return batch, batch_bytes
+    batch, batch_bytes = [], 0
     for buffer in pending[:_IOV_MAX]:
         if batch and batch_bytes + buffer.nbytes > _MAX_SYSCALL_BYTES:
             break
         batch.append(buffer)
         batch_bytes += buffer.nbytes
-    return batch
+    return batch, batch_bytes
 
 
-def _advance(pending: list[memoryview], done: int) -> list[memoryview]:
-    """Drop ``done`` bytes from the front of ``pending``; a partial syscall leaves one buffer's tail."""
+def _advance(pending: list[memoryview], done: int, batch: tuple[list[memoryview], int]) -> list[memoryview]:
+    """Drop ``done`` bytes from the front of ``pending`` after a syscall on ``batch`` (its buffers
+    and bytes, :func:`_next_batch`); a partial syscall leaves one buffer's tail."""
+    if done == batch[1]:  # the common case: the whole batch
+        return pending[len(batch[0]) :]
     consumed = 0
     while consumed < len(pending) and done >= pending[consumed].nbytes:
         done -= pending[consumed].nbytes
@@ -74,14 +83,16 @@ def _advance(pending: list[memoryview], done: int) -> list[memoryview]:
 def _writev_all(fd: int, buffers: list[memoryview]) -> None:
     pending = [b for b in buffers if b.nbytes]
     while pending:
-        pending = _advance(pending, os.writev(fd, _next_batch(pending)))
+        batch = _next_batch(pending)
+        pending = _advance(pending, os.writev(fd, batch[0]), batch)
 
 
 def _preadv_all(fd: int, start: int, buffers: Sequence[memoryview], location: str) -> None:
     pending = [b.cast("B") if b.format != "B" else b for b in buffers if b.nbytes]
     offset = start
     while pending:
-        got = os.preadv(fd, _next_batch(pending), offset)
+        batch = _next_batch(pending)
+        got = os.preadv(fd, batch[0], offset)
         if got == 0:
             remaining = sum(b.nbytes for b in pending)
             raise EOFError(
@@ -89,7 +100,7 @@ def _preadv_all(fd: int, start: int, buffers: Sequence[memoryview], location: st
                 f"(read started at {start}); the data object is truncated"
             )
         offset += got
-        pending = _advance(pending, got)
+        pending = _advance(pending, got, batch)
 
 
 #: What a file system that cannot fsync a directory answers: nothing to make durable there.

@@ -8,13 +8,16 @@ from _snapshots import depth_of, nested
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from snapshotkit._format.entries import child_paths
 from snapshotkit._plan.flatten import (
     MAX_INT_BITS,
     MAX_NESTING_DEPTH,
+    _is_flattenable_dict,
     escape_key,
     fits_inline,
     flatten,
     inflate,
+    join_path,
     unescape_key,
 )
 from snapshotkit.errors import UnsupportedValueError
@@ -175,3 +178,66 @@ def test_int_keys_beyond_the_limit_are_refused_naming_the_path() -> None:
     flatten({"ok": {2**MAX_INT_BITS - 1: 1, -(2**MAX_INT_BITS - 1): 2}}, "root")
     with pytest.raises(UnsupportedValueError, match=f"'root/ok' has {MAX_INT_BITS + 1} bits"):
         flatten({"ok": {2**MAX_INT_BITS: 1}}, "root")
+
+
+def _reference_flatten(obj: object, prefix: str) -> tuple[dict[str, object], dict[str, object]]:
+    """flatten as it was before the batched child paths: one join_path and one stack entry per child."""
+    containers: dict[str, object] = {}
+    leaves: dict[str, object] = {}
+    stack: list[tuple[str, object]] = [(prefix, obj)]
+    while stack:
+        path, value = stack.pop()
+        kind = type(value)
+        if (kind is dict or kind is OrderedDict) and _is_flattenable_dict(value, path):  # type: ignore[arg-type]
+            containers[path] = DictEntry(tuple(value), ordered=kind is OrderedDict)  # type: ignore[call-overload]
+            children = [(join_path(path, k), v) for k, v in value.items()]  # type: ignore[attr-defined]
+        elif kind is list or kind is tuple:
+            containers[path] = ListEntry(len(value)) if kind is list else TupleEntry(len(value))  # type: ignore[arg-type]
+            children = [(join_path(path, i), v) for i, v in enumerate(value)]  # type: ignore[arg-type]
+        else:
+            leaves[path] = value
+            continue
+        stack.extend(reversed(children))
+    return containers, leaves
+
+
+# keys that need escaping, int keys, and keys that print alike, beside plain ones
+odd_keys = st.one_of(st.sampled_from(["a", "b/c", "50%", "%2F", "", "1"]), st.integers(-2, 2), st.text(max_size=3))
+wide_states = st.recursive(
+    primitives,
+    lambda children: st.one_of(
+        st.lists(children, max_size=6),
+        st.lists(children, max_size=6).map(tuple),
+        st.dictionaries(odd_keys, children, max_size=6),
+        st.dictionaries(odd_keys, children, max_size=6).map(lambda d: OrderedDict(reversed(d.items()))),
+    ),
+    max_leaves=40,
+)
+
+
+@FAST
+@given(state=wide_states, prefix=st.sampled_from(["k", "a%2Fb", "x/y", ""]))
+def test_flatten_and_inflate_give_the_paths_and_order_of_one_join_path_per_child(state: object, prefix: str) -> None:
+    # flatten names a container's children at once (child_paths) and adds them straight to the
+    # leaves when none is a container: the same paths, in the same depth-first order, as before.
+    containers, leaves = _reference_flatten(state, prefix)
+    flat = flatten(state, prefix)
+    assert list(flat.containers.items()) == list(containers.items())
+    assert list(flat.leaves) == list(leaves) and all(flat.leaves[p] is leaves[p] for p in leaves)
+    if prefix:  # below the root "" a key "" names the root itself: no round trip, before or now
+        assert same(inflate(prefix, flat.containers, flat.leaves), state)
+
+
+@FAST
+@given(prefix=st.sampled_from(["", "k", "a/b"]), keys=st.lists(st.one_of(odd_keys, st.booleans()), max_size=8))
+def test_child_paths_is_join_path_of_each_key(prefix: str, keys: list[str | int]) -> None:
+    assert child_paths(prefix, keys) == [join_path(prefix, key) for key in keys]
+    assert child_paths(prefix, iter(keys)) == [join_path(prefix, key) for key in keys]
+
+
+def test_inflate_of_a_container_whose_child_is_missing_raises_key_error() -> None:
+    flat = flatten({"a": {"x": 1, "y": [2]}, "b": 3}, "k")
+    for missing in ("k/a/x", "k/b", "k/a/y/0"):
+        leaves = {path: value for path, value in flat.leaves.items() if path != missing}
+        with pytest.raises(KeyError, match=missing):
+            inflate("k", flat.containers, leaves)
