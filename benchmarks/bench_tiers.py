@@ -233,6 +233,7 @@ def part_blocked(args: Record, launcher: launch.Launcher, world: int) -> Record:
     loop["async_take_over_memcpy"] = M.ratio(loop["median_async_take_s"], loop["median_memcpy_s"])
     loop["first_local_over_first_async_take"] = M.ratio(loop["first_local_save_s"], loop["first_async_take_s"])
     return {
+        "peak_rss_bytes_all_ranks": sum(r["peak_rss_bytes"] for r in results),
         "per_rank": per_rank,
         "loop": loop,
         "max_rank_local_over_async_take": worst,
@@ -351,7 +352,10 @@ def part_recovery(args: Record, launcher: launch.Launcher, world: int, scratch: 
         setup = _run(launcher, world, "setup", args)
         out["setup_seconds_max_over_ranks"] = {k: max(r[k] for r in setup) for k in setup[0] if k.endswith("_s")}
         out["durable_bytes"] = _durable_bytes(store, proxy, args, world)
+        out["scratch_bytes_after_setup"] = W.tree_bytes(scratch)
+        out["setup_peak_rss_bytes_all_ranks"] = sum(r["peak_rss_bytes"] for r in setup)
         results = _run(launcher, world, "recover", args)
+        out["recover_peak_rss_bytes_all_ranks"] = sum(r["peak_rss_bytes"] for r in results)
     out["sources"] = {}
     for source in args["sources"]:
         runs = [[r for r in res["runs"] if r["source"] == source] for res in results]
@@ -406,7 +410,9 @@ def _rank_main(spec: Record) -> Record:
 
     torch.set_num_threads(1)
     with launch.process_group(spec):
-        return RANK_PARTS[spec["part"]](spec["rank"], spec["world"], spec)
+        result = RANK_PARTS[spec["part"]](spec["rank"], spec["world"], spec)
+    result["peak_rss_bytes"] = M.peak_rss_bytes()[0]
+    return result
 
 
 RANK_PARTS = {"blocked": _blocked_rank, "setup": _setup_rank, "recover": _recover_rank}
@@ -496,6 +502,12 @@ def render(report: Record) -> str:
             f"disk step 2 {R.fmt_bytes(d['disk_step_2_bytes'])}, step 4 {R.fmt_bytes(d['disk_step_4_bytes'])}: "
             f"{R.fmt_x(d['disk_incremental_over_full_bytes'])}"
         )
+    rss = [report[p].get(k) for p, k in (("blocked", "peak_rss_bytes_all_ranks"),
+           ("recovery", "setup_peak_rss_bytes_all_ranks"), ("recovery", "recover_peak_rss_bytes_all_ranks"))
+           if p in report]  # fmt: skip
+    lines += ["", f"peak RSS summed over ranks, per group run: {', '.join(R.fmt_bytes(b) for b in rss)}"]
+    if "recovery" in report:
+        lines.append(f"scratch disk after the setup: {R.fmt_bytes(report['recovery']['scratch_bytes_after_setup'])}")
     return "\n".join(lines)
 
 
