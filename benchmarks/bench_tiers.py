@@ -80,6 +80,9 @@ NOTES = {
     "the background write/replication, so a save never overlaps the previous one's I/O",
     "recovery": "restore_latest on every rank from a barrier, async_executor=None (no prepare_async warm-up "
     "in the timing), page cache warm as the previous steps left it (os.sync() before each)",
+    "transfer_s": "time inside LocalTier.exchange_copies during restore_latest (peers sending the replicas, "
+    "verified on arrival and fsynced into the receiver's local root), measured by wrapping that method in the "
+    "benchmark's rank processes; the rest of a peers restore is listing, agreeing and restoring the local copies",
     "durable_bytes": "the durable step 4 is SnapshotManager(incremental=True) taking against step 2 after a "
     "local save of the same step: an incremental durable take from the trainer's memory, NOT a promotion "
     "copied from the local tier (that does not exist)",
@@ -285,6 +288,7 @@ def _recover_rank(rank: int, world: int, args: Record) -> Record:
         _train_step(expected, specs)  # steps 3 and 4
     dst = W.destination(specs)
     app = {"model": StateDict(**dst)}
+    transfers_s = _time_transfers()
     runs: list[Record] = []
     for repeat in range(args["repeats"]):
         for source in args["sources"]:
@@ -297,6 +301,7 @@ def _recover_rank(rank: int, world: int, args: Record) -> Record:
                 dist.barrier()
             root = args["s3_root"] if source != "disk" else args["disk_root"]
             mgr = _manager(args, rank, world, root, tier=source == "peers", async_executor=None)
+            transfers_s.clear()
             os.sync()
             seconds, step = _timed(lambda m=mgr: m.restore_latest(app))
             report = mgr.last_restore_report
@@ -304,8 +309,29 @@ def _recover_rank(rank: int, world: int, args: Record) -> Record:
             problems = W.verify(dst, specs, reference=expected)
             reported = None if report is None else report.source
             runs.append({"repeat": repeat, "source": source, "seconds": seconds, "step": step,
-                         "reported_source": reported, "problems": problems})  # fmt: skip
+                         "reported_source": reported, "problems": problems,
+                         "transfer_s": sum(transfers_s)})  # fmt: skip
     return {"runs": runs}
+
+
+def _time_transfers() -> list[float]:
+    """A measuring device of this benchmark's rank processes only: the seconds each call of
+    ``LocalTier.exchange_copies`` (the replicas sent to the ranks that need them, verified on
+    arrival, fsynced) takes are appended to the list returned."""
+    from snapshotkit._tier.tier import LocalTier
+
+    seconds: list[float] = []
+    original = LocalTier.exchange_copies
+
+    def timed(self: Any, transfers: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return original(self, transfers)
+        finally:
+            seconds.append(time.perf_counter() - t0)
+
+    LocalTier.exchange_copies = timed  # type: ignore[method-assign]
+    return seconds
 
 
 def _durable_bytes(store: Any, proxy: Any, args: Record, world: int) -> Record:
@@ -365,6 +391,8 @@ def part_recovery(args: Record, launcher: launch.Launcher, world: int, scratch: 
             "wall_s": walls,
             "median_wall_s": M.median(walls),
             "per_rank_s": [[run["seconds"] for run in per_rank] for per_rank in runs],
+            "transfer_s_per_rank": [[run["transfer_s"] for run in per_rank] for per_rank in runs],
+            "median_max_transfer_s": M.median(max(pr[i]["transfer_s"] for pr in runs) for i in range(len(runs[0]))),
             "steps": sorted({run["step"] for per_rank in runs for run in per_rank}, key=str),
             "reported_sources": [per_rank[-1]["reported_source"] for per_rank in runs],
             "verified": not problems,
@@ -483,6 +511,8 @@ def render(report: Record) -> str:
             rows.append((source, f"{s['median_wall_s']:.2f}", f"  {walls}", ",".join(map(str, s["reported_sources"])),
                          ",".join(map(str, s["steps"])), s["verified"]))  # fmt: skip
         lines += R.table("from<8|median s>10|  runs s<24|reported sources<32|step<6|bit-exact<0", rows)
+        transfer = rec["sources"]["peers"]["median_max_transfer_s"]
+        lines.append(f"peers: of which the replicas' transfer (slowest rank, median) {transfer:.2f} s")
         lines.append(
             f"s3/peers {R.fmt_x(rec.get('s3_over_peers', 'n/a'))}, disk/peers {R.fmt_x(rec.get('disk_over_peers'))}"
             f" (goal s3/peers >= {GOALS['peers_speedup_min']}): {R.verdict(rec['goal_met'])}"
