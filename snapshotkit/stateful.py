@@ -34,16 +34,16 @@ class StateDict(UserDict):  # type: ignore[type-arg]
     ``load_state_dict(sd)`` updates it.
     """
 
-    def __init__(self, items: Any = None, /, **kwargs: Any) -> None:
+    def __init__(self, dict: Any = None, /, **kwargs: Any) -> None:  # UserDict's and torchsnapshot's name
         cls = type(self)
-        if type(items) is dict and cls.__setitem__ is _SETITEM and cls.update is _UPDATE:
+        if type(dict) is _DICT and cls.__setitem__ is _SETITEM and cls.update is _UPDATE:
             # UserDict adds a dict's items one __setitem__ call each; here that call stores the
             # item, so one copy in C gives the same dict (a restore of many tensors builds one)
-            self.data = dict(items)
+            self.data = _DICT(dict)
             if kwargs:
                 self.update(kwargs)
         else:
-            super().__init__(items, **kwargs)
+            super().__init__(dict, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:
         return self.data
@@ -52,7 +52,7 @@ class StateDict(UserDict):  # type: ignore[type-arg]
         self.data.update(state_dict)
 
 
-_SETITEM, _UPDATE = UserDict.__setitem__, UserDict.update
+_SETITEM, _UPDATE, _DICT = UserDict.__setitem__, UserDict.update, dict
 
 
 class RNGState:

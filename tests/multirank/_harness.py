@@ -94,6 +94,11 @@ def run_ranks(
                 if process.is_alive():
                     process.kill()
                     process.join()
+        if missing_ok:  # a rank may die, but one that raised fails the test with its traceback
+            for rank, process in enumerate(context.processes):
+                if process.exitcode and process.exitcode > 0 and os.path.getsize(context.error_files[rank]):
+                    with open(context.error_files[rank], "rb") as f:
+                        raise AssertionError(f"rank {rank} raised:\n{pickle.load(f)}")
         results = []
         for rank in range(world_size):
             if missing_ok and not Path(out_dir, f"{rank}.pkl").exists():

@@ -59,6 +59,7 @@ def _state() -> dict[str, Any]:
 
 def test_a_take_collects_no_garbage_while_it_runs(tmp_path: Path, collections: list[tuple[int, int]]) -> None:
     state = _state()
+    gc.collect()  # the young count at 0: a collection started just before the pause is not the take's
     collections.clear()
     Snapshot.take(str(tmp_path / "snap"), state)
     # At most the one young collection that the first allocation after the pause starts.
@@ -74,6 +75,7 @@ def test_a_restore_collects_no_garbage_while_it_runs(tmp_path: Path, collections
     Snapshot.take(str(tmp_path / "snap"), state)
     Snapshot(str(tmp_path / "snap")).restore({"m": StateDict(x=torch.zeros(1))}, strict=False)  # imports, warm
     restored = {"m": StateDict({key: torch.zeros(16) for key in state["m"]})}
+    gc.collect()  # the young count at 0: a collection started just before the pause is not the take's
     collections.clear()
     Snapshot(str(tmp_path / "snap")).restore(restored)
     # Planning, reading and load_state_dict() alike: at most the young collection after the pause.
@@ -87,6 +89,7 @@ def test_a_repeated_take_reusing_its_plan_collects_no_garbage(
 ) -> None:
     state = _state()
     Snapshot.take(str(tmp_path / "first"), state)
+    gc.collect()  # the young count at 0: a collection started just before the pause is not the take's
     collections.clear()
     Snapshot.take(str(tmp_path / "again"), state)
     assert len(collections) <= 1, collections
@@ -100,6 +103,7 @@ def test_async_take_collects_no_garbage_while_the_caller_is_blocked(
     # The executor's first use starts its threads (or daemon): not what is counted here.
     Snapshot.async_take(str(tmp_path / "warm-up-async"), {"m": StateDict(x=torch.zeros(1))}, executor=executor).wait()
     caller = threading.get_ident()
+    gc.collect()  # the young count at 0: a collection started just before the pause is not the take's
     collections.clear()
     pending = Snapshot.async_take(str(tmp_path / "snap"), state, executor=executor)
     on_caller = [generation for thread, generation in collections if thread == caller]
