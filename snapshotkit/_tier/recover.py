@@ -140,7 +140,6 @@ def _restore_local(
         if source.source == Source.PEER and source.holder is not None
     ]
     outcomes = tier.exchange_copies(fetches) if fetches else []
-    arrived = all(o.ok for o in outcomes if o.transfer.receiver == rank)
     failed_fetches = [o.transfer for o in outcomes if not o.ok and o.transfer.receiver == rank]
     bad = group.exchange([(t.step, t.owner, t.sender) for t in failed_fetches], None, "restore_latest: fetching copies")
     if any(bad):
@@ -149,7 +148,6 @@ def _restore_local(
         why = "a peer's copy did not arrive intact"
         tried.extend(Attempt(step, str(tier.copy_path(step)), why, False) for _ in failed_fetches)
         return None
-    assert arrived  # every failed fetch was excluded above
     source = decision.sources[rank]
     error: BaseException | None = None
     report: RestoreReport | None = None

@@ -187,9 +187,7 @@ class LocalTier:
 
     def wait(self) -> None:
         """Wait for the background replication and retention; raise the first failure it kept."""
-        background, self._background = self._background, []
-        for future in background:
-            future.result()
+        self.drain()
         failed, self._error = self._error, None
         if failed is not None:
             raise failed
@@ -199,7 +197,6 @@ class LocalTier:
         background, self._background = self._background, []
         for future in background:
             future.result()
-        self._background.clear()
 
     def close(self, *, wait: bool = True) -> None:
         if self._worker is not None:

@@ -171,12 +171,17 @@ def _resume_then_die_in_a_local_save(rank: int, world: int, root: str, locals_: 
 
     if rank == victim:
         events.subscribe(kill_in_the_save)
+    return _train_to_step_8(mgr, state)  # step 8 is a durable step too: the victim never joins it
+
+
+def _train_to_step_8(mgr: SnapshotManager, state: StateDict) -> str:
+    """Steps 7 and 8 after a resume at 6, saving where due; the error this rank ended with."""
     try:
         for step in (7, 8):
             state["w"] = state["w"] * 1.5 + step
             state["step"] = step
             if mgr.should_save(step):
-                mgr.save(step, {"s": state})  # step 8 is a durable step too: the victim never joins it
+                mgr.save(step, {"s": state})
         mgr.wait()
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -228,16 +233,7 @@ def _resume_then_die_receiving_a_replica(rank: int, world: int, root: str, local
             return write(fd, data, path)
 
         transfer._write_all = write_then_die  # type: ignore[assignment]
-    try:
-        for step in (7, 8):
-            state["w"] = state["w"] * 1.5 + step
-            state["step"] = step
-            if mgr.should_save(step):
-                mgr.save(step, {"s": state})
-        mgr.wait()
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return "no error"
+    return _train_to_step_8(mgr, state)
 
 
 def test_kill_9_during_a_replica_transfer_leaves_the_steps_restorable(tmp_path: Path) -> None:
