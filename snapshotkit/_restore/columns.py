@@ -23,7 +23,8 @@ from snapshotkit._format.columnar import KIND_RAW, KIND_ROW, ColumnarManifest, m
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import DictEntry, Entry, ListEntry, Piece, is_shared
 from snapshotkit._format.tensor_columns import TensorColumns
-from snapshotkit._restore.place import DTYPE_NAMES, LeafLoader
+from snapshotkit._restore.fits import DTYPE_NAMES
+from snapshotkit._restore.place import LeafLoader
 from snapshotkit._restore.runs import InPlaceRun
 
 
@@ -257,10 +258,10 @@ def _plain_memory(targets: list[torch.Tensor], complex_dtypes: bool) -> np.ndarr
 
     fits = column(map(operator.is_, map(_LAYOUT, targets), itertools.repeat(torch.strided)))
     fits &= column(map(_IS_CPU, targets))
-    fits &= column(map(tensor.is_contiguous, targets))
-    if complex_dtypes:
-        fits &= ~column(map(tensor.is_conj, targets))
-    fits &= ~column(map(tensor.is_neg, targets))
+    # the memory properties of strided CPU tensors only: a sparse one has no is_contiguous
+    for k in np.flatnonzero(fits).tolist():
+        t = targets[k]
+        fits[k] = t.is_contiguous() and not (complex_dtypes and t.is_conj()) and not t.is_neg()
     return fits
 
 
@@ -292,7 +293,12 @@ def _plan_fitting(
             if not loader.add_piece_in_place(paths[k], lists.piece(first), targets[k]):
                 fits[k] = False
         return {paths[k]: targets[k] for k in np.flatnonzero(fits).tolist()}
-    addresses = np.fromiter(map(torch.Tensor.data_ptr, targets), dtype=np.int64, count=len(targets))
+    if fits.all():  # the common case
+        addresses = np.fromiter(map(torch.Tensor.data_ptr, targets), dtype=np.int64, count=len(targets))
+    else:  # only the fitting ones: a sparse tensor has no data pointer
+        addresses = np.zeros(len(targets), dtype=np.int64)
+        for k in np.flatnonzero(fits).tolist():
+            addresses[k] = targets[k].data_ptr()
     taken, counts = np.unique(addresses[fits], return_counts=True)
     shared = taken[counts > 1]  # tied destinations: add() reads the first and compares the others
     earlier = loader.in_place_addresses()

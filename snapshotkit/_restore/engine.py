@@ -40,9 +40,10 @@ from snapshotkit._format.sharded import destination_boxes
 from snapshotkit._plan.flatten import inflate
 from snapshotkit._restore.columns import ColumnView, column_rank_view
 from snapshotkit._restore.fetch import check_extents, read_pieces
+from snapshotkit._restore.fits import describe_mismatch, tensor_matches
 from snapshotkit._restore.metadata import OpenPlugin, open_store
 from snapshotkit._restore.partial import RestoreReport
-from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
+from snapshotkit._restore.place import LeafLoader
 from snapshotkit._restore.plan import (
     RestorePlan,
     check_destination,

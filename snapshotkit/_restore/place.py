@@ -17,51 +17,15 @@ from snapshotkit._format.serialization import (
     copy_flat_range_in,
     deserialize_object,
     dtype_from_name,
-    dtype_name,
     is_zero_copy_source,
     memory_view,
     tensor_from_bytes,
 )
 from snapshotkit._format.sharded import Box, box_slice, destination_boxes, is_sharded, overlap, piece_boxes
 from snapshotkit._restore.fetch import Claim, PieceRead, union_bytes
+from snapshotkit._restore.fits import lazy_bits, same_bytes, tensor_matches
 from snapshotkit._restore.runs import InPlaceRun, run_holding
 from snapshotkit.errors import ManifestError, RestoreMemoryError, StateMismatchError
-
-
-def tensor_matches(entry: TensorEntry, value: object) -> bool:
-    """Whether ``value`` can receive ``entry`` in place (a tensor of the same dtype and shape; a
-    ``DTensor``/``ShardedTensor`` is filled shard by shard, see :meth:`LeafLoader.add`)."""
-    # Cheapest refusals first: restoring many small tensors calls this once per entry.
-    return (
-        isinstance(value, torch.Tensor)
-        and value.shape == entry.shape
-        and DTYPE_NAMES.get(value.dtype) == entry.dtype
-        and value.layout == torch.strided
-        and not value.is_quantized
-    )
-
-
-def dtype_name_of(dtype: torch.dtype) -> str | None:
-    """The manifest's name of ``dtype`` (a dictionary lookup: ``str(dtype)`` costs a microsecond)."""
-    return DTYPE_NAMES.get(dtype)
-
-
-#: torch dtype -> manifest name, built once: ``str(dtype)`` costs a microsecond per call.
-DTYPE_NAMES: dict[torch.dtype, str] = {d: dtype_name(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
-
-
-def describe_mismatch(logical_path: str, entry: TensorEntry, value: torch.Tensor) -> StateMismatchError:
-    return StateMismatchError(
-        f"cannot restore {logical_path!r} in place: the snapshot has dtype {entry.dtype} shape {list(entry.shape)}, "
-        f"the destination has dtype {str(value.dtype).removeprefix('torch.')} shape {list(value.shape)}. "
-        "Build the destination with the saved shape/dtype, or pass strict=False to load a new tensor "
-        "and let load_state_dict() convert it"
-    )
-
-
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors of one dtype and shape hold the same bytes (NaNs included)."""
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.cpu().reshape(-1).contiguous().view(torch.uint8))
 
 
 class _Slot:
@@ -311,7 +275,8 @@ class LeafLoader:
             first = tuple([(piece.address, piece.byte_range) for piece in pieces]) or None
         if in_place:
             target: torch.Tensor = destination.detach()
-            key = (first, target.data_ptr(), target.shape, target.stride(), target.device)
+            # a lazy conj/neg bit is part of how the memory reads: such a view is another destination
+            key = (first, target.data_ptr(), target.shape, target.stride(), target.device, lazy_bits(target))
             memory = (target.device, target.data_ptr())
             known = self._in_place_memory.get(memory)
             if known is None:
@@ -351,12 +316,13 @@ class LeafLoader:
         fresh = self._add_tensor(logical_path, entry, None)
 
         def compared() -> Any:
-            if not _same_bytes(fresh(), destination.detach()):
+            if not same_bytes(fresh(), destination.detach()):
                 raise StateMismatchError(
                     f"{logical_path!r} and {earlier!r} are one tensor in the app state (tied: they share memory), "
-                    "but the snapshot holds different values for them (they were not tied when it was taken). Restore "
-                    "into a model built as the saved one was, its tensors untied, and tie them afterwards if they are "
-                    "meant to be one"
+                    "but the snapshot holds values for them that one memory cannot show at once (they were not tied "
+                    "when it was taken, or one is a negated or conjugated view of the other). Restore into a model "
+                    "built as the saved one was, its tensors untied, and tie them afterwards if they are meant to be "
+                    "one"
                 )
             return destination
 
@@ -488,7 +454,7 @@ _CPU = torch.device("cpu")
 
 def _in_place_key(piece: Piece, target: torch.Tensor) -> tuple[Any, ...]:
     """The key :meth:`LeafLoader._add_tensor` gives a one-piece entry read into ``target``."""
-    return (((piece.address, piece.byte_range),), target.data_ptr(), target.shape, target.stride(), target.device)
+    return (((piece.address, piece.byte_range),), target.data_ptr(), target.shape, target.stride(), target.device, 0)
 
 
 def _identity(value: Any) -> Any:

@@ -18,6 +18,7 @@ from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import DictEntry, Entry, ListEntry, TensorEntry, is_shared
 from snapshotkit._plan.flatten import Flattened, escape_key, flatten, inflate, join_path
 from snapshotkit._restore.columns import ColumnView, plan_column_leaves
+from snapshotkit._restore.fits import describe_mismatch, tensor_matches
 from snapshotkit._restore.optimizer import (
     SkippedState,
     check_optimizer,
@@ -26,7 +27,7 @@ from snapshotkit._restore.optimizer import (
     uses_torch_format,
 )
 from snapshotkit._restore.partial import KeyDifference, RestoreReport, check_keys, compare, leaf_paths, merged_state
-from snapshotkit._restore.place import LeafLoader, describe_mismatch, tensor_matches
+from snapshotkit._restore.place import LeafLoader
 from snapshotkit._text import first_few
 from snapshotkit.errors import AppStateKeyNotFoundError, StateMismatchError
 from snapshotkit.stateful import RNGState, Stateful
