@@ -23,7 +23,7 @@ from snapshotkit._format.serialization import (
 )
 from snapshotkit._format.sharded import Box, box_slice, destination_boxes, is_sharded, overlap, piece_boxes
 from snapshotkit._restore.fetch import Claim, PieceRead, union_bytes
-from snapshotkit._restore.fits import lazy_bits, same_bytes, tensor_matches
+from snapshotkit._restore.fits import lazy_bits, overlapping_memory, same_bytes, tensor_matches
 from snapshotkit._restore.runs import InPlaceRun, run_holding
 from snapshotkit.errors import ManifestError, RestoreMemoryError, StateMismatchError
 
@@ -65,6 +65,9 @@ class LeafLoader:
         #: snapshot) is read aside and compared, never into the same bytes.
         #: (An entry of a run holds ``(run, index)`` there.)
         self._in_place_memory: dict[tuple[Any, ...], tuple[str, tuple[Any, Any] | None]] = {}
+        #: The contiguous CPU memory read into in place outside runs: ``(address, nbytes, logical
+        #: path)``, checked for partial overlaps (:func:`~.fits.overlapping_memory`) before any read.
+        self._spans: list[tuple[int, int, str]] = []
         #: The CUDA devices whose caller's stream :meth:`_after_queued_work` synchronized.
         self._synced_devices: set[int | None] = set()
         #: Whether some read lands in the caller's own memory (an in-place destination).
@@ -161,6 +164,7 @@ class LeafLoader:
             return False
         self.writes_in_place = True
         self.reads.append(PieceRead(piece, logical_path, memory_view(address, piece.nbytes)))
+        self._spans.append((address, piece.nbytes, logical_path))
         return True
 
     def in_place_addresses(self) -> list[int]:
@@ -215,6 +219,7 @@ class LeafLoader:
             ManifestError: new tensors would take more bytes than the distinct stored ranges
                 they are read from (pieces reused across tensors of another dtype or shape).
             RestoreMemoryError: torch cannot allocate a tensor of the recorded size.
+            StateMismatchError: two in-place destinations partly share memory.
         """
         stored = union_bytes([claim.piece for claim in self.claims if claim.fresh_tensor])
         if self._fresh_bytes > stored:
@@ -223,6 +228,7 @@ class LeafLoader:
                 "pieces are reused across tensors of another dtype or shape, which no take writes; "
                 "the manifest is corrupt or crafted"
             )
+        overlapping_memory(self._spans, self.runs)  # before anything is read into the caller's memory
         allocations, self._allocations = self._allocations, []
         for allocation in allocations:
             allocation()
@@ -293,6 +299,8 @@ class LeafLoader:
                 self._in_place.add(key)
                 self.writes_in_place = True
                 self._add_raw_reads(logical_path, entry, target, itemsize)
+                if target.is_cpu and target.is_contiguous() and target.nbytes:
+                    self._spans.append((target.data_ptr(), target.nbytes, logical_path))
             return functools.partial(_identity, destination)
         fresh_key = (first, entry.dtype, entry.shape)
         cached = self._fresh.get(fresh_key)
