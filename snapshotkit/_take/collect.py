@@ -145,7 +145,8 @@ def describe_state(
 
 
 def _tensor_identity(tensor: torch.Tensor) -> tuple[Any, ...]:
-    """A key equal for two tensors exactly when they view the same elements (tied weights)."""
+    """A key equal for two tensors exactly when they read the same values from the same elements
+    (tied weights): a lazy conj or neg view of a tensor reads other values, so it is not tied."""
     return (
         tensor.untyped_storage().data_ptr(),
         tensor.storage_offset(),
@@ -153,6 +154,8 @@ def _tensor_identity(tensor: torch.Tensor) -> tuple[Any, ...]:
         tuple(tensor.stride()),
         tensor.dtype,
         tensor.device,
+        tensor.is_conj(),
+        tensor.is_neg(),
     )
 
 

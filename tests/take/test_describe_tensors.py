@@ -52,6 +52,31 @@ def test_tied_after_a_collision_at_the_same_address_are_found_in_any_order() -> 
     assert leaves["k0"].alias_of is leaves["k1"].alias_of is leaves["k4"].alias_of is None
 
 
+@pytest.mark.parametrize("take", ["take", "async_take"])
+@pytest.mark.parametrize("lazy", ["neg", "conj", "neg-first"])
+def test_a_lazy_neg_or_conj_view_of_a_tensor_is_not_tied_to_it(take: str, lazy: str, tmp_path: Path) -> None:
+    # found by a review: it has the same storage, offset, shape and strides, so it was stored as an
+    # alias of the tensor, and restored (and read_object) with the tensor's values, not its own
+    z = torch.tensor([1 + 2j, 3 - 4j])
+    t = torch.tensor([1.0, 2.0, 3.0])
+    state = {
+        "neg": {"a": t, "b": t._neg_view()},
+        "conj": {"a": z, "b": z.conj()},
+        "neg-first": {"a": t._neg_view(), "b": t},
+    }[lazy]
+    assert all(leaf.alias_of is None for leaf in _tensor_leaves(state).values())
+    if take == "take":
+        Snapshot.take(str(tmp_path / "snap"), {"m": StateDict(state)})
+    else:
+        Snapshot.async_take(str(tmp_path / "snap"), {"m": StateDict(state)}).wait()
+    restored = StateDict()
+    Snapshot(str(tmp_path / "snap")).restore({"m": restored})
+    for key, value in state.items():
+        assert torch.equal(restored[key].resolve_conj().resolve_neg(), value.resolve_conj().resolve_neg())
+        read = Snapshot(str(tmp_path / "snap")).read_object(f"m/{key}")
+        assert torch.equal(read.resolve_conj().resolve_neg(), value.resolve_conj().resolve_neg())
+
+
 @pytest.mark.parametrize(
     "tensor",
     [
