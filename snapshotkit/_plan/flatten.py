@@ -98,6 +98,10 @@ def _is_flattenable_dict(obj: Mapping[Any, Any], path: str) -> bool:
             check_int(path, key)
         elif not isinstance(key, str) or not fits_inline(key):
             return False
+        elif type(key) is not str and str(key) != str.__str__(key):
+            # a str subclass that prints as other text (a (str, Enum) member prints "C.A"): the
+            # path would be built from one text and the manifest hold the other
+            return False
         text = str(key)
         if text in seen:
             return False

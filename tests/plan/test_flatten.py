@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +10,7 @@ from _snapshots import depth_of, nested
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from snapshotkit import Snapshot, StateDict
 from snapshotkit._format.entries import child_paths
 from snapshotkit._plan.flatten import (
     MAX_INT_BITS,
@@ -71,6 +74,37 @@ def test_dicts_with_unrepresentable_keys_are_leaves(value: dict[object, str]) ->
     containers, leaves = flat.containers, flat.leaves
     assert "k/d" not in containers
     assert leaves["k/d"] is value
+
+
+class _Color(str, enum.Enum):
+    RED = "red"
+
+
+class _Printed(str):
+    def __str__(self) -> str:
+        return "other"
+
+
+class _PlainSubclass(str):
+    pass
+
+
+@pytest.mark.parametrize("key", [_Color.RED, _Printed("k")], ids=["str-enum", "str-subclass-printing-other"])
+def test_a_dict_keyed_by_a_str_that_prints_as_other_text_is_a_leaf(key: str, tmp_path: Path) -> None:
+    # found by a review: the path was built from str(key) ("_Color.RED") and the manifest held the
+    # key's text ("red"): the take committed a snapshot whose restore raised "the manifest is corrupt"
+    value = {key: torch.ones(2)}
+    flat = flatten({"d": value, "n": 1}, "k")
+    assert "k/d" not in flat.containers and flat.leaves["k/d"] is value
+    Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(d=value, n=1)})
+    restored = StateDict()
+    Snapshot(str(tmp_path / "snap")).restore({"s": restored}, weights_only=False)
+    assert list(restored["d"]) == [key] and torch.equal(restored["d"][key], torch.ones(2)) and restored["n"] == 1
+
+
+def test_a_str_subclass_that_prints_as_itself_is_a_key_like_str() -> None:
+    flat = flatten({"d": {_PlainSubclass("k"): 1}}, "p")
+    assert "p/d" in flat.containers and flat.leaves == {"p/d/k": 1}
 
 
 def test_subclasses_of_containers_are_leaves() -> None:
