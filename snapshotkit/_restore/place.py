@@ -302,11 +302,17 @@ class LeafLoader:
                 if target.is_cpu and target.is_contiguous() and target.nbytes:
                     self._spans.append((target.data_ptr(), target.nbytes, logical_path))
             return functools.partial(_identity, destination)
+        # Entries of the very same pieces are tied tensors, one new tensor for both, when a piece
+        # was written by this snapshot (each written piece is one tensor's). Pieces that all
+        # reference a base are shared by content: two distinct tensors of equal bytes may name them.
         fresh_key = (first, entry.dtype, entry.shape)
-        cached = self._fresh.get(fresh_key)
-        if cached is not None and entry.pieces:
+        tied = any(piece.base is None for piece in pieces)
+        cached = self._fresh.get(fresh_key) if tied else None
+        if cached is not None:
             return lambda: cached.value
-        slot = self._fresh[fresh_key] = _Slot()
+        slot = _Slot()
+        if tied:
+            self._fresh[fresh_key] = slot
         self._fresh_bytes += entry.nbytes
         self._claim(logical_path, entry.pieces, fresh_tensor=True)
 

@@ -1,6 +1,7 @@
 """Equal pieces in an incremental snapshot: reuse goes by content, so every piece whose bytes a
 base holds references that one base piece, within a tensor and across tensors. Restores must
-neither refuse such a manifest nor take two tensors that begin alike for tied weights."""
+neither refuse such a manifest nor take two tensors that begin alike, or that are equal and
+reference the same base pieces, for tied weights."""
 
 from __future__ import annotations
 
@@ -65,3 +66,42 @@ def test_tied_weights_stay_tied(tmp_path: Path) -> None:
     loaded = Snapshot(str(tmp_path / "b")).read_object("s")
     assert loaded["embed"].data_ptr() == loaded["head"].data_ptr()
     assert_bit_exact(loaded["head"], shared)
+
+
+@pytest.mark.parametrize("numel", [NUMEL, CHUNK_BYTES // 4], ids=["four-pieces", "one-piece"])
+def test_distinct_equal_tensors_referencing_one_base_piece_restore_as_distinct_tensors(
+    tmp_path: Path, numel: int
+) -> None:
+    # found by a review: both entries name the same base pieces, so a restore into new tensors
+    # gave them one tensor (writing one changed the other): Adam's exp_avg and exp_avg_sq of a
+    # parameter with zero gradients came back as one tensor
+    Snapshot.take(str(tmp_path / "a"), {"s": StateDict(x=torch.zeros(numel))})
+    b = Snapshot.take(
+        str(tmp_path / "b"), {"s": StateDict(x=torch.zeros(numel), y=torch.zeros(numel))}, base=str(tmp_path / "a")
+    )
+    assert pieces(b, "s/x") == pieces(b, "s/y") and all(p.base == "../a" for p in pieces(b, "s/x"))
+    for loaded in (Snapshot(str(tmp_path / "b")).read_object("s"), _restored(tmp_path / "b")):
+        assert loaded["x"].data_ptr() != loaded["y"].data_ptr()
+        loaded["x"].add_(1)
+        assert not loaded["y"].any()
+
+
+def _restored(path: Path) -> StateDict:
+    state = StateDict()
+    Snapshot(str(path)).restore({"s": state})
+    return state
+
+
+def test_an_optimizer_restored_fresh_from_an_incremental_snapshot_keeps_its_states_apart(tmp_path: Path) -> None:
+    param = torch.nn.Parameter(torch.randn(NUMEL))
+    optimizer = torch.optim.Adam([param])
+    param.grad = torch.zeros_like(param)
+    optimizer.step()  # exp_avg and exp_avg_sq stay zero: equal bytes
+    Snapshot.take(str(tmp_path / "a"), {"o": optimizer})
+    optimizer.step()
+    Snapshot.take(str(tmp_path / "b"), {"o": optimizer}, base=str(tmp_path / "a"))
+    fresh_param = torch.nn.Parameter(param.detach().clone())
+    fresh = torch.optim.Adam([fresh_param])
+    Snapshot(str(tmp_path / "b")).restore({"o": fresh})
+    state = fresh.state[fresh_param]
+    assert state["exp_avg"].data_ptr() != state["exp_avg_sq"].data_ptr()
