@@ -7,22 +7,16 @@ lazy conj or neg bit makes one memory read differently through two views.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
 import torch
 
 from snapshotkit._format.entries import TensorEntry
 from snapshotkit._format.serialization import dtype_name
-from snapshotkit._restore.runs import InPlaceRun
 from snapshotkit.errors import StateMismatchError
 
 __all__ = [
     "DTYPE_NAMES",
     "describe_mismatch",
-    "internal_overlap",
     "lazy_bits",
-    "overlapping_memory",
     "same_bytes",
     "tensor_matches",
 ]
@@ -73,39 +67,3 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 def lazy_bits(target: torch.Tensor) -> int:
     """1 for a lazy conj bit, 2 for a lazy neg bit (0 for the plain tensors of the fast paths)."""
     return int(target.is_conj()) | 2 * int(target.is_neg())
-
-
-def internal_overlap(destination: torch.Tensor) -> bool:
-    """Whether elements of ``destination`` share memory (an ``expand()``ed or broadcast view: a
-    dimension of more than one element with stride 0), so it cannot hold distinct saved values."""
-    return destination.layout == torch.strided and any(
-        stride == 0 and size > 1 for size, stride in zip(destination.shape, destination.stride(), strict=True)
-    )
-
-
-def overlapping_memory(spans: Sequence[tuple[int, int, str]], runs: Sequence[InPlaceRun]) -> None:
-    """Refuse in-place destinations whose memory partly overlaps: ``spans`` ``(address, nbytes,
-    logical path)`` and the ``runs``' destinations, all contiguous CPU memory, none the very same
-    memory as another (tied destinations are read once, or compared). Reading both would leave
-    one holding part of the other's bytes: a checksum failure blamed on the snapshot, or, when
-    one is verified before the other lands, a wrong value and no error.
-
-    Raises:
-        StateMismatchError: naming two such logical paths.
-    """
-    if len(spans) + sum(len(run.paths) for run in runs) < 2:
-        return
-    starts = np.concatenate([np.array([s[0] for s in spans], dtype=np.int64), *(run.addresses for run in runs)])
-    ends = starts + np.concatenate([np.array([s[1] for s in spans], dtype=np.int64), *(run.length for run in runs)])
-    order = np.argsort(starts, kind="stable")
-    # sorted by start, an overlap anywhere is an overlap of neighbours
-    bad = np.flatnonzero(starts[order[1:]] < ends[order[:-1]])
-    if not len(bad):
-        return
-    paths = [s[2] for s in spans] + [path for run in runs for path in run.paths]
-    first, second = sorted((paths[int(order[bad[0]])], paths[int(order[bad[0] + 1])]))
-    raise StateMismatchError(
-        f"cannot restore {first!r} and {second!r} in place: their tensors in the app state partly share memory "
-        "(overlapping views of one storage), so reading one would overwrite part of the other. Restore into "
-        "separate tensors, or tie them as one tensor"
-    )

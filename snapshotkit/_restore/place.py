@@ -23,7 +23,8 @@ from snapshotkit._format.serialization import (
 )
 from snapshotkit._format.sharded import Box, box_slice, destination_boxes, is_sharded, overlap, piece_boxes
 from snapshotkit._restore.fetch import Claim, PieceRead, union_bytes
-from snapshotkit._restore.fits import lazy_bits, overlapping_memory, same_bytes, tensor_matches
+from snapshotkit._restore.fits import lazy_bits, same_bytes, tensor_matches
+from snapshotkit._restore.overlap import overlapping_memory
 from snapshotkit._restore.runs import InPlaceRun, run_holding
 from snapshotkit.errors import ManifestError, RestoreMemoryError, StateMismatchError
 
@@ -66,8 +67,10 @@ class LeafLoader:
         #: (An entry of a run holds ``(run, index)`` there.)
         self._in_place_memory: dict[tuple[Any, ...], tuple[str, tuple[Any, Any] | None]] = {}
         #: The contiguous CPU memory read into in place outside runs: ``(address, nbytes, logical
-        #: path)``, checked for partial overlaps (:func:`~.fits.overlapping_memory`) before any read.
+        #: path)``, checked for overlaps (:func:`~.overlap.overlapping_memory`) before any read.
         self._spans: list[tuple[int, int, str]] = []
+        #: The non-contiguous CPU tensors read into in place, and their logical paths (the same check).
+        self._strided: list[tuple[torch.Tensor, str]] = []
         #: The CUDA devices whose caller's stream :meth:`_after_queued_work` synchronized.
         self._synced_devices: set[int | None] = set()
         #: Whether some read lands in the caller's own memory (an in-place destination).
@@ -228,7 +231,7 @@ class LeafLoader:
                 "pieces are reused across tensors of another dtype or shape, which no take writes; "
                 "the manifest is corrupt or crafted"
             )
-        overlapping_memory(self._spans, self.runs)  # before anything is read into the caller's memory
+        overlapping_memory(self._spans, self.runs, self._strided)  # before anything is read into the caller's memory
         allocations, self._allocations = self._allocations, []
         for allocation in allocations:
             allocation()
@@ -299,8 +302,11 @@ class LeafLoader:
                 self._in_place.add(key)
                 self.writes_in_place = True
                 self._add_raw_reads(logical_path, entry, target, itemsize)
-                if target.is_cpu and target.is_contiguous() and target.nbytes:
-                    self._spans.append((target.data_ptr(), target.nbytes, logical_path))
+                if target.is_cpu and target.nbytes:
+                    if target.is_contiguous():
+                        self._spans.append((target.data_ptr(), target.nbytes, logical_path))
+                    else:
+                        self._strided.append((target, logical_path))
             return functools.partial(_identity, destination)
         # Entries of the very same pieces are tied tensors, one new tensor for both, when a piece
         # was written by this snapshot (each written piece is one tensor's). Pieces that all

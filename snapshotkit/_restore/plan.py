@@ -18,7 +18,7 @@ from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import DictEntry, Entry, ListEntry, TensorEntry, is_shared
 from snapshotkit._plan.flatten import Flattened, escape_key, flatten, inflate, join_path
 from snapshotkit._restore.columns import ColumnView, plan_column_leaves
-from snapshotkit._restore.fits import describe_mismatch, internal_overlap, tensor_matches
+from snapshotkit._restore.fits import describe_mismatch, tensor_matches
 from snapshotkit._restore.optimizer import (
     SkippedState,
     check_optimizer,
@@ -26,6 +26,7 @@ from snapshotkit._restore.optimizer import (
     leave_out,
     uses_torch_format,
 )
+from snapshotkit._restore.overlap import internal_overlap
 from snapshotkit._restore.partial import KeyDifference, RestoreReport, check_keys, compare, leaf_paths, merged_state
 from snapshotkit._restore.place import LeafLoader
 from snapshotkit._text import first_few
@@ -211,9 +212,9 @@ def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor
         )
     if internal_overlap(destination):
         raise StateMismatchError(
-            f"cannot restore {logical_path!r} into a tensor whose elements share memory (an expand()ed or "
-            f"broadcast view, strides {list(destination.stride())}): it cannot hold distinct values. Restore into "
-            "a tensor of its own memory (e.g. .clone() or .contiguous() it first)"
+            f"cannot restore {logical_path!r} into a tensor whose elements share memory (an expand()ed, "
+            f"unfold()ed or as_strided view, strides {list(destination.stride())}): it cannot hold distinct values. "
+            "Restore into a tensor of its own memory (e.g. .clone() or .contiguous() it first)"
         )
     shape = getattr(entry, "shape", None)
     if module and shape is not None and tuple(destination.shape) != tuple(shape):

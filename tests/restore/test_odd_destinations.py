@@ -1,17 +1,21 @@
 """Destinations a restore cannot fill as they are: tied views with a lazy conj/neg bit, sparse
-layouts, views that partly share memory, expanded tensors. Each is refused with a
+layouts, views that partly share memory (contiguous or not), tensors whose elements share memory. Each is refused with a
 ``StateMismatchError`` naming the logical paths, before anything is read into them, on the
 version-5 column path and the per-entry path alike."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from _snapshots import rewrite_as_v4
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from snapshotkit import Snapshot, StateDict
+from snapshotkit._restore.overlap import internal_overlap, overlapping_memory
 from snapshotkit.errors import StateMismatchError
 
 
@@ -89,3 +93,86 @@ def test_an_expanded_destination_is_refused(strict: bool, tmp_path: Path) -> Non
     Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(a=torch.arange(4.0))})
     with pytest.raises(StateMismatchError, match=r"'s/a' into a tensor whose elements share memory .*strides \[0\]"):
         Snapshot(str(tmp_path / "snap")).restore({"s": StateDict(a=torch.zeros(1).expand(4))}, strict=strict)
+
+
+_VIEWS: dict[str, Callable[[torch.Tensor], dict[str, torch.Tensor]]] = {
+    "columns-overlap": lambda f: {"a": f.view(4, 6)[:, 0:3], "b": f.view(4, 6)[:, 2:5]},
+    "whole-and-column": lambda f: {"a": f.view(4, 6), "b": f.view(4, 6)[:, 1]},
+    "column-and-whole": lambda f: {"a": f.view(4, 6)[:, 1], "z": f.view(4, 6)},
+    "steps-overlap": lambda f: {"a": f[0:12:2], "b": f[6:18:2]},
+}
+
+
+@pytest.mark.parametrize("views", list(_VIEWS), ids=list(_VIEWS))
+def test_strided_destinations_that_share_elements_are_refused(views: str, tmp_path: Path) -> None:
+    # found by a review: only contiguous destinations were checked; these restored with no error
+    # and one of them holding the other's values
+    module, flat = torch.nn.Module(), torch.zeros(24)
+    for name, view in _VIEWS[views](flat).items():
+        module.register_buffer(name, view)
+    saved = {name: torch.randn(value.shape) for name, value in module.state_dict().items()}
+    Snapshot.take(str(tmp_path / "snap"), {"m": StateDict(saved)})
+    with pytest.raises(StateMismatchError, match="partly share memory"):
+        Snapshot(str(tmp_path / "snap")).restore({"m": module})
+    assert not flat.any()  # refused before any read
+
+
+def test_interleaved_strided_destinations_that_share_no_element_are_restored(tmp_path: Path) -> None:
+    flat = torch.zeros(24)
+    destinations = {
+        "a": flat[0:12].view(6, 2)[:, 0],
+        "b": flat[0:12].view(6, 2)[:, 1],
+        "c": flat[12:24].view(3, 4)[:, 1:3],
+    }
+    saved = {name: torch.randn(value.shape) for name, value in destinations.items()}
+    Snapshot.take(str(tmp_path / "snap"), {"m": StateDict(saved)})
+    Snapshot(str(tmp_path / "snap")).restore({"m": StateDict(destinations)})
+    assert all(torch.equal(destinations[name], value) for name, value in saved.items())
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda b: b.as_strided((3, 3), (1, 1)), lambda b: b.unfold(0, 3, 1), lambda b: b[:1].expand(4)],
+    ids=["as_strided", "unfold", "expand"],
+)
+def test_a_destination_whose_elements_share_memory_is_refused(
+    make: Callable[[torch.Tensor], torch.Tensor], tmp_path: Path
+) -> None:
+    # found by a review: only stride-0 dimensions were refused; these restored wrong values with no error
+    destination = make(torch.zeros(16))
+    Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(w=torch.randn(destination.shape))})
+    with pytest.raises(StateMismatchError, match="'s/w' into a tensor whose elements share memory"):
+        Snapshot(str(tmp_path / "snap")).restore({"s": StateDict(w=destination)})
+    with pytest.raises(StateMismatchError, match="'s/w' into a tensor whose elements share memory"):
+        Snapshot(str(tmp_path / "snap")).read_object("s/w", obj_out=destination)
+
+
+_DIMS = st.lists(st.tuples(st.integers(1, 4), st.integers(0, 6)), min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), _DIMS), min_size=1, max_size=4), st.sampled_from([1, 2, 4]))
+def test_the_overlap_checks_agree_with_element_sets(
+    views: list[tuple[int, list[tuple[int, int]]]], itemsize: int
+) -> None:
+    dtype = {1: torch.uint8, 2: torch.int16, 4: torch.float32}[itemsize]
+    storage = torch.zeros(64, dtype=dtype)
+    tensors, elements = [], []
+    for offset, dims in views:
+        shape, strides = tuple(d[0] for d in dims), tuple(d[1] for d in dims)
+        if offset + sum((n - 1) * s for n, s in dims) >= 64:
+            continue
+        tensor = storage.as_strided(shape, strides, offset)
+        index = torch.arange(64).as_strided(shape, strides, offset).reshape(-1).tolist()
+        assert internal_overlap(tensor) == (len(set(index)) != len(index))
+        if len(set(index)) == len(index):
+            tensors.append(tensor)
+            elements.append(set(index))
+    shares = any(elements[i] & elements[j] for i in range(len(elements)) for j in range(i))
+    contiguous = [(t.data_ptr(), t.nbytes, f"t{k}") for k, t in enumerate(tensors) if t.is_contiguous()]
+    strided = [(t, f"t{k}") for k, t in enumerate(tensors) if not t.is_contiguous()]
+    if shares:
+        with pytest.raises(StateMismatchError, match="partly share memory"):
+            overlapping_memory(contiguous, [], strided)
+    else:
+        overlapping_memory(contiguous, [], strided)

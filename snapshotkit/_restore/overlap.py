@@ -1,0 +1,189 @@
+"""Destinations whose memory overlaps: a restore reads into them in place only if no byte of
+one is a byte of another, or of itself.
+
+Two destinations that view the very same elements (tied) are read once, or compared
+(:mod:`.place`). Anything else that shares memory cannot hold the saved values of both: reading
+one overwrites part of the other (a checksum failure blamed on the snapshot, or, when one is
+verified before the other lands, a wrong value and no error), and a tensor whose own elements
+share memory cannot hold distinct values at all. Both are refused at planning, before any read.
+
+Contiguous destinations (nearly all) are byte ranges, checked as sorted arrays. A strided one
+is first taken as the range from its first to its last byte; only ranges that meet are then
+compared element by element, in a mask of the memory they cover.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from snapshotkit._restore.runs import InPlaceRun
+from snapshotkit.errors import StateMismatchError
+
+__all__ = ["internal_overlap", "overlapping_memory"]
+
+
+def internal_overlap(destination: torch.Tensor) -> bool:
+    """Whether elements of the strided tensor ``destination`` share memory (``expand()``,
+    ``unfold()``, an ``as_strided`` view), so it cannot hold distinct saved values."""
+    if destination.layout != torch.strided:
+        return False
+    dims = sorted(
+        (stride, size) for size, stride in zip(destination.shape, destination.stride(), strict=True) if size > 1
+    )
+    reach = 0  # the furthest element offset the smaller strides reach
+    for stride, size in dims:
+        if stride <= reach:  # may overlap: decide element by element (rare)
+            return _shares_elements(destination)
+        reach += (size - 1) * stride
+    return False
+
+
+def _shares_elements(destination: torch.Tensor) -> bool:
+    offsets = torch.arange(_extent(destination), dtype=torch.int64)
+    viewed = offsets.as_strided(destination.shape, destination.stride()).reshape(-1)
+    return int(torch.unique(viewed).numel()) != viewed.numel()
+
+
+def _extent(tensor: torch.Tensor) -> int:
+    """Elements from the tensor's first to its last element, both included."""
+    return sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True)) + 1
+
+
+def overlapping_memory(
+    spans: Sequence[tuple[int, int, str]],
+    runs: Sequence[InPlaceRun],
+    strided: Sequence[tuple[torch.Tensor, str]] = (),
+) -> None:
+    """Refuse in-place CPU destinations whose memory overlaps (module docstring): ``spans``
+    ``(address, nbytes, logical path)`` and the ``runs``' destinations are contiguous memory,
+    ``strided`` ``(tensor, logical path)`` non-contiguous tensors; none the very same memory as
+    another with the same view (tied destinations are read once, or compared).
+
+    Raises:
+        StateMismatchError: naming two logical paths whose memory overlaps.
+    """
+    strided = [(tensor, path) for tensor, path in strided if tensor.numel()]
+    count = len(spans) + sum(len(run.paths) for run in runs) + len(strided)
+    if count < 2:
+        return
+    reach = [_extent(tensor) * tensor.element_size() for tensor, _ in strided]
+    starts = np.concatenate(
+        [
+            np.array([s[0] for s in spans], dtype=np.int64),
+            *(run.addresses for run in runs),
+            np.array([tensor.data_ptr() for tensor, _ in strided], dtype=np.int64),
+        ]
+    )
+    ends = starts + np.concatenate(
+        [
+            np.array([s[1] for s in spans], dtype=np.int64),
+            *(run.length for run in runs),
+            np.array(reach, dtype=np.int64),
+        ]
+    )
+    order = np.argsort(starts, kind="stable")
+    ordered_ends = np.maximum.accumulate(ends[order])
+    meets = np.flatnonzero(starts[order[1:]] < ordered_ends[:-1])  # member k+1 meets one before it
+    if not len(meets):  # the common case
+        return
+    paths = [s[2] for s in spans] + [path for run in runs for path in run.paths] + [path for _, path in strided]
+    first_strided = count - len(strided)
+    exact_meets = [k for k in meets.tolist() if int(order[k + 1]) < first_strided]
+    for k in exact_meets:  # a contiguous range that starts inside an earlier contiguous one overlaps it
+        earlier = _earlier_exact(order[: k + 1], starts, ends, int(starts[order[k + 1]]), first_strided)
+        if earlier is not None:
+            _refuse(paths[earlier], paths[int(order[k + 1])])
+    # the rest involves a strided destination: the clusters of meeting ranges, element by element
+    cluster = [int(order[0])]
+    cluster_end = int(ends[order[0]])
+    for i in order[1:].tolist():
+        if int(starts[i]) < cluster_end:
+            cluster.append(i)
+            cluster_end = max(cluster_end, int(ends[i]))
+            continue
+        _check_cluster(cluster, starts, ends, strided, first_strided, paths)
+        cluster, cluster_end = [i], int(ends[i])
+    _check_cluster(cluster, starts, ends, strided, first_strided, paths)
+
+
+def _earlier_exact(
+    before: np.ndarray, starts: np.ndarray, ends: np.ndarray, start: int, first_strided: int
+) -> int | None:
+    contiguous = before[before < first_strided]
+    hit = contiguous[ends[contiguous] > start]
+    return int(hit[0]) if len(hit) else None
+
+
+def _check_cluster(
+    cluster: list[int],
+    starts: np.ndarray,
+    ends: np.ndarray,
+    strided: Sequence[tuple[torch.Tensor, str]],
+    first_strided: int,
+    paths: list[str],
+) -> None:
+    if len(cluster) < 2 or all(i < first_strided for i in cluster):
+        return
+    low = int(starts[cluster].min())
+    # the mask's cell: the largest size that divides every offset, length and element size
+    cell = 0
+    for i in cluster:
+        cell = math.gcd(cell, int(starts[i]) - low, int(ends[i]) - int(starts[i]))
+        if i >= first_strided:
+            tensor = strided[i - first_strided][0]
+            cell = math.gcd(cell, tensor.element_size(), *(s * tensor.element_size() for s in tensor.stride()))
+    cell = max(cell, 1)
+    taken = torch.zeros((int(ends[cluster].max()) - low) // cell, dtype=torch.bool)
+    for i in cluster:
+        offset = (int(starts[i]) - low) // cell
+        if i < first_strided:
+            view = taken[offset : offset + (int(ends[i]) - int(starts[i])) // cell]
+        else:
+            tensor = strided[i - first_strided][0]
+            size = tensor.element_size() // cell
+            view = taken.as_strided((*tensor.shape, size), (*(s * size for s in tensor.stride()), 1), offset)
+        if bool(view.any()):
+            earlier = next(
+                j for j in cluster[: cluster.index(i)] if _meets(j, i, starts, ends, strided, first_strided, low, cell)
+            )
+            _refuse(paths[earlier], paths[i])
+        view.fill_(True)
+
+
+def _meets(
+    j: int,
+    i: int,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    strided: Sequence[tuple[torch.Tensor, str]],
+    first_strided: int,
+    low: int,
+    cell: int,
+) -> bool:
+    """Whether members ``j`` and ``i`` share a cell (to name the one ``i`` overlaps)."""
+    mask = torch.zeros((int(max(ends[j], ends[i])) - low) // cell, dtype=torch.bool)
+    for k in (j, i):
+        offset = (int(starts[k]) - low) // cell
+        if k < first_strided:
+            view = mask[offset : offset + (int(ends[k]) - int(starts[k])) // cell]
+        else:
+            tensor = strided[k - first_strided][0]
+            size = tensor.element_size() // cell
+            view = mask.as_strided((*tensor.shape, size), (*(s * size for s in tensor.stride()), 1), offset)
+        if k == i:
+            return bool(view.any())
+        view.fill_(True)
+    return False
+
+
+def _refuse(first: str, second: str) -> None:
+    first, second = sorted((first, second))
+    raise StateMismatchError(
+        f"cannot restore {first!r} and {second!r} in place: their tensors in the app state partly share memory "
+        "(overlapping views of one storage), so reading one would overwrite part of the other. Restore into "
+        "separate tensors, or tie them as one tensor"
+    )
