@@ -14,6 +14,7 @@ compared element by element, in a mask of the memory they cover.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -98,6 +99,7 @@ def overlapping_memory(
         if earlier is not None:
             _refuse(paths[earlier], paths[int(order[k + 1])])
     # the rest involves a strided destination: the clusters of meeting ranges, element by element
+    members = _Members(starts, ends, strided, first_strided)
     cluster = [int(order[0])]
     cluster_end = int(ends[order[0]])
     for i in order[1:].tolist():
@@ -105,9 +107,9 @@ def overlapping_memory(
             cluster.append(i)
             cluster_end = max(cluster_end, int(ends[i]))
             continue
-        _check_cluster(cluster, starts, ends, strided, first_strided, paths)
+        _check_cluster(cluster, members, paths)
         cluster, cluster_end = [i], int(ends[i])
-    _check_cluster(cluster, starts, ends, strided, first_strided, paths)
+    _check_cluster(cluster, members, paths)
 
 
 def _earlier_exact(
@@ -118,66 +120,53 @@ def _earlier_exact(
     return int(hit[0]) if len(hit) else None
 
 
-def _check_cluster(
-    cluster: list[int],
-    starts: np.ndarray,
-    ends: np.ndarray,
-    strided: Sequence[tuple[torch.Tensor, str]],
-    first_strided: int,
-    paths: list[str],
-) -> None:
-    if len(cluster) < 2 or all(i < first_strided for i in cluster):
+@dataclasses.dataclass(frozen=True)
+class _Members:
+    """The destinations, by index: contiguous ones first, then ``strided`` from ``first_strided``."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    strided: Sequence[tuple[torch.Tensor, str]]
+    first_strided: int
+
+    def view(self, mask: torch.Tensor, k: int, low: int, cell: int) -> torch.Tensor:
+        """The cells of ``mask`` (one per ``cell`` bytes from address ``low``) member ``k`` covers."""
+        offset = (int(self.starts[k]) - low) // cell
+        if k < self.first_strided:
+            return mask[offset : offset + (int(self.ends[k]) - int(self.starts[k])) // cell]
+        tensor = self.strided[k - self.first_strided][0]
+        size = tensor.element_size() // cell
+        return mask.as_strided((*tensor.shape, size), (*(s * size for s in tensor.stride()), 1), offset)
+
+    def cell(self, cluster: list[int], low: int) -> int:
+        """The largest size that divides every offset from ``low``, length, element size and stride."""
+        cell = 0
+        for i in cluster:
+            cell = math.gcd(cell, int(self.starts[i]) - low, int(self.ends[i]) - int(self.starts[i]))
+            if i >= self.first_strided:
+                tensor = self.strided[i - self.first_strided][0]
+                cell = math.gcd(cell, tensor.element_size(), *(s * tensor.element_size() for s in tensor.stride()))
+        return max(cell, 1)
+
+
+def _check_cluster(cluster: list[int], members: _Members, paths: list[str]) -> None:
+    """Refuse two members of ``cluster`` (ranges that meet) that share a byte, marking each
+    member's bytes in a mask of the cluster's memory in turn."""
+    if len(cluster) < 2 or all(i < members.first_strided for i in cluster):
         return
-    low = int(starts[cluster].min())
-    # the mask's cell: the largest size that divides every offset, length and element size
-    cell = 0
-    for i in cluster:
-        cell = math.gcd(cell, int(starts[i]) - low, int(ends[i]) - int(starts[i]))
-        if i >= first_strided:
-            tensor = strided[i - first_strided][0]
-            cell = math.gcd(cell, tensor.element_size(), *(s * tensor.element_size() for s in tensor.stride()))
-    cell = max(cell, 1)
-    taken = torch.zeros((int(ends[cluster].max()) - low) // cell, dtype=torch.bool)
-    for i in cluster:
-        offset = (int(starts[i]) - low) // cell
-        if i < first_strided:
-            view = taken[offset : offset + (int(ends[i]) - int(starts[i])) // cell]
-        else:
-            tensor = strided[i - first_strided][0]
-            size = tensor.element_size() // cell
-            view = taken.as_strided((*tensor.shape, size), (*(s * size for s in tensor.stride()), 1), offset)
-        if bool(view.any()):
-            earlier = next(
-                j for j in cluster[: cluster.index(i)] if _meets(j, i, starts, ends, strided, first_strided, low, cell)
-            )
-            _refuse(paths[earlier], paths[i])
+    low = int(members.starts[cluster].min())
+    cell = members.cell(cluster, low)
+    length = (int(members.ends[cluster].max()) - low) // cell
+    taken = torch.zeros(length, dtype=torch.bool)
+    for position, i in enumerate(cluster):
+        view = members.view(taken, i, low, cell)
+        if bool(view.any()):  # some earlier member: find which, to name it
+            for j in cluster[:position]:
+                pair = torch.zeros(length, dtype=torch.bool)
+                members.view(pair, j, low, cell).fill_(True)
+                if bool(members.view(pair, i, low, cell).any()):
+                    _refuse(paths[j], paths[i])
         view.fill_(True)
-
-
-def _meets(
-    j: int,
-    i: int,
-    starts: np.ndarray,
-    ends: np.ndarray,
-    strided: Sequence[tuple[torch.Tensor, str]],
-    first_strided: int,
-    low: int,
-    cell: int,
-) -> bool:
-    """Whether members ``j`` and ``i`` share a cell (to name the one ``i`` overlaps)."""
-    mask = torch.zeros((int(max(ends[j], ends[i])) - low) // cell, dtype=torch.bool)
-    for k in (j, i):
-        offset = (int(starts[k]) - low) // cell
-        if k < first_strided:
-            view = mask[offset : offset + (int(ends[k]) - int(starts[k])) // cell]
-        else:
-            tensor = strided[k - first_strided][0]
-            size = tensor.element_size() // cell
-            view = mask.as_strided((*tensor.shape, size), (*(s * size for s in tensor.stride()), 1), offset)
-        if k == i:
-            return bool(view.any())
-        view.fill_(True)
-    return False
 
 
 def _refuse(first: str, second: str) -> None:
