@@ -59,8 +59,9 @@ def overlapping_memory(
     runs: Sequence[InPlaceRun],
     strided: Sequence[tuple[torch.Tensor, str]] = (),
 ) -> None:
-    """Refuse in-place CPU destinations whose memory overlaps (module docstring): ``spans``
-    ``(address, nbytes, logical path)`` and the ``runs``' destinations are contiguous memory,
+    """Refuse in-place destinations whose memory overlaps (module docstring), CPU and CUDA ones
+    (one virtual address space): ``spans`` ``(address, nbytes, logical path)`` and the
+    ``runs``' destinations are contiguous memory,
     ``strided`` ``(tensor, logical path)`` non-contiguous tensors; none the very same memory as
     another with the same view (tied destinations are read once, or compared).
 

@@ -66,10 +66,10 @@ class LeafLoader:
         #: snapshot) is read aside and compared, never into the same bytes.
         #: (An entry of a run holds ``(run, index)`` there.)
         self._in_place_memory: dict[tuple[Any, ...], tuple[str, tuple[Any, Any] | None]] = {}
-        #: The contiguous CPU memory read into in place outside runs: ``(address, nbytes, logical
+        #: The contiguous CPU and CUDA memory read into in place outside runs: ``(address, nbytes, logical
         #: path)``, checked for overlaps (:func:`~.overlap.overlapping_memory`) before any read.
         self._spans: list[tuple[int, int, str]] = []
-        #: The non-contiguous CPU tensors read into in place, and their logical paths (the same check).
+        #: The non-contiguous CPU and CUDA tensors read into in place, and their logical paths (the same check).
         self._strided: list[tuple[torch.Tensor, str]] = []
         #: The CUDA devices whose caller's stream :meth:`_after_queued_work` synchronized.
         self._synced_devices: set[int | None] = set()
@@ -302,7 +302,7 @@ class LeafLoader:
                 self._in_place.add(key)
                 self.writes_in_place = True
                 self._add_raw_reads(logical_path, entry, target, itemsize)
-                if target.is_cpu and target.nbytes:
+                if (target.is_cpu or target.is_cuda) and target.nbytes:  # one address space (UVA)
                     if target.is_contiguous():
                         self._spans.append((target.data_ptr(), target.nbytes, logical_path))
                     else:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from snapshotkit import RNGState, Snapshot, StateDict
+from snapshotkit.errors import StateMismatchError
 
 
 def test_cuda_tensors_round_trip_in_place(tmp_path: Path) -> None:
@@ -36,3 +38,12 @@ def test_cuda_rng_state_round_trips(tmp_path: Path) -> None:
     expected = torch.rand(4, device="cuda")
     Snapshot(str(tmp_path / "s")).restore({"rng": RNGState()})
     assert torch.equal(torch.rand(4, device="cuda"), expected)
+
+
+def test_cuda_destinations_that_partly_share_memory_are_refused_before_any_read(tmp_path: Path) -> None:
+    Snapshot.take(str(tmp_path / "s"), {"sd": StateDict(a=torch.randn(4, 6), b=torch.randn(4, 3))})
+    flat = torch.zeros(24, device="cuda")
+    overlapping = {"a": flat.view(4, 6), "b": flat.view(4, 6)[:, 2:5]}
+    with pytest.raises(StateMismatchError, match="'sd/a' and 'sd/b' in place: .* partly share memory"):
+        Snapshot(str(tmp_path / "s")).restore({"sd": StateDict(overlapping)})
+    assert not flat.any()
