@@ -44,6 +44,6 @@ def test_cuda_destinations_that_partly_share_memory_are_refused_before_any_read(
     Snapshot.take(str(tmp_path / "s"), {"sd": StateDict(a=torch.randn(4, 6), b=torch.randn(4, 3))})
     flat = torch.zeros(24, device="cuda")
     overlapping = {"a": flat.view(4, 6), "b": flat.view(4, 6)[:, 2:5]}
-    with pytest.raises(StateMismatchError, match="'sd/a' and 'sd/b' in place: .* partly share memory"):
+    with pytest.raises(StateMismatchError, match=r"'sd/a' and 'sd/b' in place: .* partly share memory"):
         Snapshot(str(tmp_path / "s")).restore({"sd": StateDict(overlapping)})
     assert not flat.any()
