@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from snapshotkit._format.dtypes import RAW_ITEMSIZE
-from snapshotkit.errors import ManifestError, UnsafeObjectError
+from snapshotkit.errors import ManifestError, SnapshotkitError, StateMismatchError, UnsafeObjectError
 
 #: dtype name (``str(dtype)`` without ``torch.``) -> dtype, for every dtype this torch has.
 _DTYPES_BY_NAME: dict[str, torch.dtype] = {
@@ -137,12 +137,27 @@ def deserialize_object(data: bytes | memoryview, *, weights_only: bool, logical_
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
     except pickle.UnpicklingError as exc:
         if not weights_only:
-            raise
+            raise _unloadable(logical_path, exc) from exc
         raise UnsafeObjectError(
             f"the object at logical path {logical_path!r} cannot be loaded with weights_only=True "
             f"({str(exc).splitlines()[0]}). If you trust this snapshot, pass weights_only=False to "
             "restore()/read_object(), or allow the class with torch.serialization.add_safe_globals()."
         ) from exc
+    except (MemoryError, SnapshotkitError):
+        raise
+    except Exception as exc:  # unpickling runs the object's own code: a class gone, a changed __setstate__
+        raise _unloadable(logical_path, exc) from exc
+
+
+def _unloadable(logical_path: str, exc: BaseException) -> StateMismatchError:
+    """The error for stored bytes (checksummed already) that unpickling in this program refuses."""
+    first_line = (str(exc).splitlines() or [""])[0]
+    return StateMismatchError(
+        f"the object at logical path {logical_path!r} cannot be unpickled in this program "
+        f"({type(exc).__name__}: {first_line}): a class or function it was pickled with is missing or has "
+        "changed since the take. Import or define it as it was when the snapshot was taken (the same module "
+        "and name), then restore or read it again"
+    )
 
 
 def flat_range_views(tensor: torch.Tensor, start: int, end: int) -> list[torch.Tensor]:

@@ -5,6 +5,8 @@ version-5 column path and the per-entry path alike."""
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -176,3 +178,24 @@ def test_the_overlap_checks_agree_with_element_sets(
             overlapping_memory(contiguous, [], strided)
     else:
         overlapping_memory(contiguous, [], strided)
+
+
+@dataclasses.dataclass
+class _Gone:
+    a: int
+
+
+def test_an_object_whose_class_is_gone_is_a_mismatch_naming_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # found by a review: with weights_only=False, unpickling raised the raw AttributeError and no path
+    Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(x=_Gone(1), y=2)})
+    monkeypatch.delattr(sys.modules[__name__], "_Gone")
+    snapshot = Snapshot(str(tmp_path / "snap"))
+    for load in (
+        lambda: snapshot.restore({"s": StateDict()}, weights_only=False),
+        lambda: snapshot.read_object("s/x", weights_only=False),
+    ):
+        with pytest.raises(StateMismatchError, match=r"'s/x' cannot be unpickled .*AttributeError.*_Gone") as info:
+            load()
+        assert isinstance(info.value.__cause__, AttributeError)
