@@ -169,6 +169,8 @@ def plan_restore(
             missing.extend(leaf_paths(flatten(stateful.state_dict(), root), root))
             continue
         containers, leaves = subtree(view, root)
+        if is_rng:
+            check_rng_state(key, root, leaves)
         skipped, optimizer = SkippedState(), stateful if uses_torch_format(stateful) else None
         if optimizer is not None:
             leaves = dict(leaves)  # a ColumnView's tensors built: the optimizer checks read them
@@ -196,6 +198,21 @@ def plan_restore(
         steps.append((is_rng, step))
     report = RestoreReport(tuple(sorted(missing)), tuple(sorted(unexpected)), tuple(sorted(mismatched)))
     return RestorePlan([step for _, step in sorted(steps, key=lambda s: s[0])], report)
+
+
+def check_rng_state(key: str, root: str, leaves: Mapping[str, Entry]) -> None:
+    """Refuse a saved state an :class:`RNGState` cannot load whole (docs: it is loaded as saved,
+    so after the restore every generator is as it was at the take), before anything is read: one
+    taken with ``include=`` covering part of it, or the state of another object under that key."""
+    torch_cpu = join_path(root, "torch_cpu")
+    if not isinstance(leaves.get(torch_cpu), TensorEntry):
+        saved = sorted(path[len(root) + 1 :].split("/", 1)[0] for path in leaves)
+        raise StateMismatchError(
+            f"cannot restore the RNGState app_state[{key!r}]: the snapshot has no generator state "
+            f"{torch_cpu!r} there (it has {first_few(sorted(set(saved)), 10) or 'nothing'} under {root!r}), "
+            "and an RNGState is restored whole, as saved. It was taken with include= or exclude= leaving part "
+            "of it out, or from another object: leave the key out of app_state, or restore it into that object"
+        )
 
 
 def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor, *, module: bool) -> None:
