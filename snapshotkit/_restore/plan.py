@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import DictEntry, Entry, ListEntry, TensorEntry, is_shared
+from snapshotkit._format.entries import DictEntry, Entry, ListEntry, ShardedTensorEntry, TensorEntry, is_shared
 from snapshotkit._plan.flatten import Flattened, escape_key, flatten, inflate, join_path
 from snapshotkit._restore.columns import ColumnView, plan_column_leaves
 from snapshotkit._restore.fits import describe_mismatch, tensor_matches
@@ -190,6 +190,10 @@ def plan_restore(
             missing.extend(difference.missing)
             unexpected.extend(difference.unexpected)
         destinations = current.leaves if current is not None else {}
+        if is_module:  # a module's tensor whose saved value is a dict or list (strict=False gets here)
+            for path in containers:
+                if isinstance(destinations.get(path), torch.Tensor):
+                    raise not_a_tensor(path, containers[path])
         known, thunks = _plan_leaves(leaves, destinations, loader, strict=strict, module=is_module)
         merge_with = current if difference.missing_keys and not is_module else None
         step = _load_step(stateful, root, containers, known, thunks, strict, merge_with, difference)
@@ -233,6 +237,8 @@ def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor
             f"unfold()ed or as_strided view, strides {list(destination.stride())}): it cannot hold distinct values. "
             "Restore into a tensor of its own memory (e.g. .clone() or .contiguous() it first)"
         )
+    if module and not isinstance(entry, (TensorEntry, ShardedTensorEntry)):
+        raise not_a_tensor(logical_path, entry)
     shape = getattr(entry, "shape", None)
     if module and shape is not None and tuple(destination.shape) != tuple(shape):
         raise StateMismatchError(
@@ -240,6 +246,18 @@ def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor
             f"{list(destination.shape)}, and a module's load_state_dict() refuses other shapes even with "
             "strict=False. Build the module with the saved shapes, or read the value with Snapshot.read_object()"
         )
+
+
+def not_a_tensor(logical_path: str, entry: Entry) -> StateMismatchError:
+    """The error for a module's tensor whose saved value is not a tensor (an int, None, a list...):
+    its ``load_state_dict()`` refuses it even with ``strict=False``, after filling others in place."""
+    article = "an" if entry.kind[0] in "aeiou" else "a"
+    return StateMismatchError(
+        f"cannot restore {logical_path!r}: the module has a tensor there, the snapshot {article} {entry.kind}, and "
+        "a module's "
+        "load_state_dict() accepts only tensors for its parameters and buffers, even with strict=False. Restore "
+        "from a snapshot of this module, or read the saved value with Snapshot.read_object()"
+    )
 
 
 def _plan_leaves(

@@ -222,3 +222,24 @@ def test_an_rng_state_without_the_torch_generator_is_refused_before_any_read(
     with pytest.raises(StateMismatchError, match=r"RNGState app_state\['rng'\]: .*'rng/torch_cpu'"):
         Snapshot(str(tmp_path / "snap")).restore({"rng": RNGState(), "m": StateDict(x=x)}, strict=strict)
     assert not x.any() and torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("version", [5, 4])
+@pytest.mark.parametrize(
+    ("saved", "strict"),
+    [(5, True), (None, False), ("w", True), (torch.Size([2, 3]), False), ([1.0, 2.0], False)],
+    ids=["int", "none", "str", "size", "list"],
+)
+def test_a_module_tensor_saved_as_no_tensor_is_refused_before_any_read(
+    version: int, saved: object, strict: bool, tmp_path: Path
+) -> None:
+    # found by a review: the module's load_state_dict() raised torch's raw RuntimeError, after the
+    # other tensors were read in place
+    Snapshot.take(str(tmp_path / "snap"), {"m": StateDict(weight=saved, bias=torch.ones(2))})
+    if version == 4:
+        rewrite_as_v4(tmp_path / "snap")
+    module = torch.nn.Linear(3, 2)
+    torch.nn.init.zeros_(module.bias)
+    with pytest.raises(StateMismatchError, match=r"'m/weight': the module has a tensor there, the snapshot an? "):
+        Snapshot(str(tmp_path / "snap")).restore({"m": module}, strict=strict)
+    assert not module.bias.detach().any()
