@@ -7,16 +7,21 @@ lazy conj or neg bit makes one memory read differently through two views.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from snapshotkit._format.entries import TensorEntry
-from snapshotkit._format.serialization import dtype_name
+from snapshotkit._format.serialization import RAW, dtype_name
 from snapshotkit.errors import StateMismatchError
 
 __all__ = [
     "DTYPE_NAMES",
+    "can_receive",
     "describe_mismatch",
+    "describe_unfit_loaded",
     "lazy_bits",
+    "receive_loaded",
     "same_bytes",
     "tensor_matches",
 ]
@@ -42,15 +47,67 @@ DTYPE_NAMES: dict[torch.dtype, str] = {d: dtype_name(d) for d in vars(torch).val
 def describe_mismatch(logical_path: str, entry: TensorEntry, value: torch.Tensor) -> StateMismatchError:
     """Why ``value`` cannot receive ``entry`` in place (:func:`tensor_matches` is false)."""
     dtype = str(value.dtype).removeprefix("torch.")
+    if entry.serializer == RAW:
+        saved = f"a dense tensor of dtype {entry.dtype} shape {list(entry.shape)}"
+        cannot = "which cannot take the saved dense bytes"
+    else:  # stored whole with torch.save: its layout is known once loaded, a destination's only dense
+        saved = f"a tensor of dtype {entry.dtype} shape {list(entry.shape)} stored with torch.save"
+        cannot = "and only a dense tensor is restored in place"
     if value.layout != torch.strided or value.is_quantized:  # the dtype and shape may well match
         kind = "quantized" if value.is_quantized else str(value.layout).removeprefix("torch.")
-        found = f"a {kind} tensor of dtype {dtype} shape {list(value.shape)}, which cannot take the saved dense bytes"
+        found = f"a {kind} tensor of dtype {dtype} shape {list(value.shape)}, {cannot}"
     else:
         found = f"dtype {dtype} shape {list(value.shape)}"
     return StateMismatchError(
-        f"cannot restore {logical_path!r} in place: the snapshot has a dense tensor of dtype {entry.dtype} shape "
-        f"{list(entry.shape)}, the destination is {found}. Build the destination with the saved layout, "
-        "shape and dtype, or pass strict=False to load a new tensor and let load_state_dict() convert it"
+        f"cannot restore {logical_path!r} in place: the snapshot has {saved}, the destination is {found}. Build "
+        "the destination with the saved layout, shape and dtype, or pass strict=False to load a new tensor and "
+        "let load_state_dict() convert it (read_object: obj_out=None)"
+    )
+
+
+def can_receive(destination: torch.Tensor, loaded: torch.Tensor) -> bool:
+    """Whether ``loaded`` (a tensor stored with ``torch.save``, loaded) can be copied into
+    ``destination`` (a dense tensor :func:`tensor_matches` accepted for its entry): the same dtype
+    and shape, and dense too. The manifest records no layout, so a sparse, quantized or nested
+    value is known only here, once loaded."""
+    return (
+        loaded.layout == torch.strided
+        and not loaded.is_quantized
+        and not loaded.is_nested
+        and loaded.dtype == destination.dtype
+        and loaded.shape == destination.shape
+    )
+
+
+def receive_loaded(logical_path: str, destination: torch.Tensor, loaded: torch.Tensor, new_if_unfit: bool) -> Any:
+    """Copy ``loaded`` into ``destination`` and give ``destination``; if it cannot take it
+    (:func:`can_receive`), give ``loaded`` with ``new_if_unfit``, else refuse.
+
+    Raises:
+        StateMismatchError: ``destination`` cannot take ``loaded`` and ``new_if_unfit`` is false.
+    """
+    if can_receive(destination, loaded):
+        destination.detach().copy_(loaded)
+        return destination
+    if new_if_unfit:
+        return loaded
+    raise describe_unfit_loaded(logical_path, loaded, destination)
+
+
+def describe_unfit_loaded(logical_path: str, loaded: torch.Tensor, destination: torch.Tensor) -> StateMismatchError:
+    """Why ``loaded`` cannot be copied into ``destination`` (:func:`can_receive` is false)."""
+    if loaded.is_quantized or loaded.layout != torch.strided or loaded.is_nested:
+        layout = "nested" if loaded.is_nested else str(loaded.layout).removeprefix("torch.")
+        kind = "quantized" if loaded.is_quantized else layout
+        saved = f"a {kind} tensor"
+    else:
+        saved = "a tensor"
+    return StateMismatchError(
+        f"cannot restore {logical_path!r} in place: the snapshot has {saved} of dtype "
+        f"{str(loaded.dtype).removeprefix('torch.')} shape {list(loaded.shape)}, the destination is a dense tensor "
+        f"of dtype {str(destination.dtype).removeprefix('torch.')} shape {list(destination.shape)}, which cannot "
+        "take its values as they are. Build the destination with the saved layout (e.g. .to_sparse()), pass "
+        "strict=False to hand the saved tensor to load_state_dict(), or read it with obj_out=None"
     )
 
 

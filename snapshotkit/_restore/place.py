@@ -23,7 +23,7 @@ from snapshotkit._format.serialization import (
 )
 from snapshotkit._format.sharded import Box, box_slice, destination_boxes, is_sharded, overlap, piece_boxes
 from snapshotkit._restore.fetch import Claim, PieceRead, union_bytes
-from snapshotkit._restore.fits import lazy_bits, same_bytes, tensor_matches
+from snapshotkit._restore.fits import lazy_bits, receive_loaded, same_bytes, tensor_matches
 from snapshotkit._restore.overlap import overlapping_memory
 from snapshotkit._restore.runs import InPlaceRun, run_holding
 from snapshotkit.errors import ManifestError, RestoreMemoryError, StateMismatchError
@@ -88,12 +88,21 @@ class LeafLoader:
         return self.fetch_started and self.writes_in_place
 
     def add(
-        self, logical_path: str, entry: Entry, destination: Any = None, *, matches: bool | None = None
+        self,
+        logical_path: str,
+        entry: Entry,
+        destination: Any = None,
+        *,
+        matches: bool | None = None,
+        new_if_unfit: bool = False,
     ) -> Callable[[], Any]:
         """Plan loading ``entry``; ``destination`` is used in place when it matches.
 
         ``matches`` is :func:`tensor_matches` of a tensor entry and its destination when the
-        caller already computed it (planning a restore does, once per entry).
+        caller already computed it (planning a restore does, once per entry). A tensor stored
+        with ``torch.save`` shows its layout only once loaded: one ``destination`` cannot take
+        (:func:`~.fits.can_receive`: sparse, quantized into a dense one) raises
+        ``StateMismatchError`` then, or, with ``new_if_unfit``, is the value the thunk gives.
 
         Returns a thunk that gives the loaded value once :attr:`reads` have been fetched.
         """
@@ -114,7 +123,7 @@ class LeafLoader:
         if isinstance(entry, TensorEntry):
             if is_sharded(destination):
                 return self._add_tensor_into_shards(logical_path, entry, destination)
-            return self._add_tensor(logical_path, entry, destination, matches)
+            return self._add_tensor(logical_path, entry, destination, matches, new_if_unfit)
         if isinstance(entry, ShardedTensorEntry):
             return self._add_sharded(logical_path, entry, destination)
         raise ManifestError(f"{logical_path!r} is a {entry.kind}, not a leaf")
@@ -249,7 +258,12 @@ class LeafLoader:
         self.reads.append(PieceRead(piece, logical_path, consume=consume))
 
     def _add_tensor(
-        self, logical_path: str, entry: TensorEntry, destination: Any, matches: bool | None = None
+        self,
+        logical_path: str,
+        entry: TensorEntry,
+        destination: Any,
+        matches: bool | None = None,
+        new_if_unfit: bool = False,
     ) -> Callable[[], Any]:
         in_place = tensor_matches(entry, destination) if matches is None else matches
         if entry.serializer != RAW:
@@ -258,11 +272,7 @@ class LeafLoader:
             def receive(loaded: Any) -> None:
                 if not isinstance(loaded, torch.Tensor):
                     raise ManifestError(f"{logical_path!r} is recorded as a tensor but holds a {type(loaded).__name__}")
-                if in_place:
-                    destination.detach().copy_(loaded)
-                    slot.value = destination
-                else:
-                    slot.value = loaded
+                slot.value = receive_loaded(logical_path, destination, loaded, new_if_unfit) if in_place else loaded
 
             self._add_blob(logical_path, entry.pieces[0], receive)
             self.writes_in_place = self.writes_in_place or in_place

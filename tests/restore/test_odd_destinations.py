@@ -243,3 +243,47 @@ def test_a_module_tensor_saved_as_no_tensor_is_refused_before_any_read(
     with pytest.raises(StateMismatchError, match=r"'m/weight': the module has a tensor there, the snapshot an? "):
         Snapshot(str(tmp_path / "snap")).restore({"m": module}, strict=strict)
     assert not module.bias.detach().any()
+
+
+def _sparse(layout: str) -> torch.Tensor:
+    dense = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    if layout == "coo":
+        return dense.to_sparse()
+    if layout == "bsr":
+        return dense.to_sparse_bsr((1, 1))
+    return dense.to_sparse_csr() if layout == "csr" else dense.to_sparse_csc()
+
+
+@pytest.mark.filterwarnings("ignore:Sparse (CSR|CSC|BSR) tensor support is in beta state")
+@pytest.mark.parametrize("version", [5, 4])
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
+def test_a_saved_sparse_tensor_into_a_dense_destination(version: int, layout: str, tmp_path: Path) -> None:
+    # found by a review: torch's raw RuntimeError from copy_() into the dense destination
+    saved = _sparse(layout)
+    Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(sp=saved, other=torch.ones(3))})
+    if version == 4:
+        rewrite_as_v4(tmp_path / "snap")
+    snapshot = Snapshot(str(tmp_path / "snap"))
+    message = rf"'s/sp' in place: the snapshot has a sparse_{layout} tensor of dtype float32 shape \[2, 2\]"
+    with pytest.raises(StateMismatchError, match=message):
+        snapshot.read_object("s/sp", torch.zeros(2, 2))
+    with pytest.raises(StateMismatchError, match=message):
+        snapshot.restore({"s": StateDict(sp=torch.zeros(2, 2), other=torch.zeros(3))})
+    state = StateDict(sp=torch.zeros(2, 2), other=torch.zeros(3))
+    snapshot.restore({"s": state}, strict=False)  # a new tensor, handed to load_state_dict()
+    assert state["sp"].layout == saved.layout and torch.equal(state["sp"].to_dense(), saved.to_dense())
+    assert torch.equal(state["other"], torch.ones(3))
+    module = torch.nn.Linear(2, 2, bias=False)  # its load_state_dict() would copy_() it: refused whatever strict says
+    Snapshot.take(str(tmp_path / "module"), {"m": StateDict(weight=saved)})
+    with pytest.raises(StateMismatchError, match=r"'m/weight' in place: the snapshot has a sparse"):
+        Snapshot(str(tmp_path / "module")).restore({"m": module}, strict=False)
+
+
+def test_a_quantized_obj_out_of_the_saved_dtype_and_shape_is_refused_saying_why(tmp_path: Path) -> None:
+    # found by a review: the message called the saved quantized tensor "a dense tensor"
+    saved = torch.quantize_per_tensor(torch.tensor([1.0, 2.0]), 0.1, 0, torch.qint8)
+    Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(q=saved)})
+    out = torch.quantize_per_tensor(torch.tensor([0.0, 0.0]), 0.1, 0, torch.qint8)
+    with pytest.raises(StateMismatchError, match="dtype qint8 shape \\[2\\] stored with torch.save") as info:
+        Snapshot(str(tmp_path / "snap")).read_object("s/q", out)
+    assert "snapshot has a dense tensor" not in str(info.value)
