@@ -235,7 +235,8 @@ def _fits(c: TensorColumns, slots: np.ndarray, targets: list[torch.Tensor]) -> n
 
 
 def _plain_memory(targets: list[torch.Tensor], complex_dtypes: bool) -> np.ndarray:
-    """Per tensor: whether it is a strided CPU tensor, contiguous, without a lazy conj or neg bit.
+    """Per tensor: whether it is a strided CPU tensor, contiguous, without a lazy conj or neg bit,
+    not an inference tensor.
 
     Each property is read for every tensor, one pass per property (one attribute per pass: a
     getter of several attributes costs more); when every tensor has them all (the common case)
@@ -250,6 +251,7 @@ def _plain_memory(targets: list[torch.Tensor], complex_dtypes: bool) -> np.ndarr
         and all(map(tensor.is_contiguous, targets))
         and not (complex_dtypes and any(map(tensor.is_conj, targets)))
         and not any(map(tensor.is_neg, targets))
+        and not any(map(tensor.is_inference, targets))  # refused by plan.check_destination
     ):
         return np.ones(n, dtype=bool)
 
@@ -261,7 +263,7 @@ def _plain_memory(targets: list[torch.Tensor], complex_dtypes: bool) -> np.ndarr
     # the memory properties of strided CPU tensors only: a sparse one has no is_contiguous
     for k in np.flatnonzero(fits).tolist():
         t = targets[k]
-        fits[k] = t.is_contiguous() and not (complex_dtypes and t.is_conj()) and not t.is_neg()
+        fits[k] = t.is_contiguous() and not (complex_dtypes and t.is_conj()) and not t.is_neg() and not t.is_inference()
     return fits
 
 

@@ -150,6 +150,7 @@ class LeafLoader:
             or not destination.is_contiguous()
             or destination.is_conj()
             or destination.is_neg()
+            or destination.is_inference()  # refused by plan.check_destination
         ):
             return False
         piece = pieces[0]

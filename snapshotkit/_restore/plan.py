@@ -222,7 +222,9 @@ def check_rng_state(key: str, root: str, leaves: Mapping[str, Entry]) -> None:
 def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor, *, module: bool) -> None:
     """Refuse destinations nothing can be loaded into, whatever ``strict`` says, before any read.
 
-    A tensor on the meta device has no memory (filling it would silently do nothing); a module's
+    A tensor on the meta device has no memory (filling it would silently do nothing); an
+    inference tensor takes no in-place update outside inference mode (torch's rule, kept even
+    where a read into its memory would bypass it, so every layout and object is refused alike); a module's
     ``load_state_dict()`` refuses a tensor of another shape even with ``strict=False``, after
     other tensors were already filled in place.
     """
@@ -230,6 +232,13 @@ def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor
         raise StateMismatchError(
             f"cannot restore {logical_path!r} into a tensor on the meta device: it has no memory to load into. "
             "Materialize the object first (e.g. module.to_empty(device='cpu')), then restore"
+        )
+    if destination.is_inference():
+        raise StateMismatchError(
+            f"cannot restore {logical_path!r} into an inference tensor (created under torch.inference_mode()): "
+            "torch allows no in-place update of one outside inference mode (a module's load_state_dict() "
+            "refuses it too). Create the object outside torch.inference_mode() and enter it after the restore, "
+            "or restore into a .clone() of the tensor"
         )
     if internal_overlap(destination):
         raise StateMismatchError(

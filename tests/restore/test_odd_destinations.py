@@ -287,3 +287,33 @@ def test_a_quantized_obj_out_of_the_saved_dtype_and_shape_is_refused_saying_why(
     with pytest.raises(StateMismatchError, match="dtype qint8 shape \\[2\\] stored with torch.save") as info:
         Snapshot(str(tmp_path / "snap")).read_object("s/q", out)
     assert "snapshot has a dense tensor" not in str(info.value)
+
+
+@pytest.mark.parametrize("version", [5, 4])
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_an_inference_tensor_destination_is_refused_before_any_read(
+    version: int, strict: bool, contiguous: bool, tmp_path: Path
+) -> None:
+    # found by a review: a non-contiguous one raised torch's raw RuntimeError ("Inplace update to
+    # inference tensor outside InferenceMode") after other tensors were written; a contiguous one
+    # was read into, bypassing torch's rule. Both are refused now (docs/concepts.md).
+    saved = {"a": torch.arange(6.0).reshape(2, 3), "c": torch.ones(4)}
+    Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(**saved), "m": torch.nn.Linear(3, 2)})
+    if version == 4:
+        rewrite_as_v4(tmp_path / "snap")
+    with torch.inference_mode():
+        inference = torch.zeros(2, 3) if contiguous else torch.zeros(3, 2).t()
+        module = torch.nn.Linear(3, 2)
+    plain = torch.zeros(4)
+    snapshot = Snapshot(str(tmp_path / "snap"))
+    with pytest.raises(StateMismatchError, match=r"'s/a' into an inference tensor .*torch.inference_mode\(\)"):
+        snapshot.restore({"s": StateDict(c=plain, a=inference)}, strict=strict)
+    with pytest.raises(StateMismatchError, match=r"'m/(bias|weight)' into an inference tensor"):
+        snapshot.restore({"m": module}, strict=strict)
+    with pytest.raises(StateMismatchError, match=r"'s/a' into an inference tensor"):
+        snapshot.read_object("s/a", inference)
+    assert not inference.any() and not plain.any()
+    state = StateDict(c=plain, a=inference.clone())  # the advice: a clone of it is restored
+    snapshot.restore({"s": state}, strict=strict)
+    assert torch.equal(state["a"], saved["a"]) and torch.equal(plain, saved["c"])
