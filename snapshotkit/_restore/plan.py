@@ -15,7 +15,15 @@ from typing import Any
 import torch
 
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import DictEntry, Entry, ListEntry, ShardedTensorEntry, TensorEntry, is_shared
+from snapshotkit._format.entries import (
+    DictEntry,
+    Entry,
+    ListEntry,
+    ObjectEntry,
+    ShardedTensorEntry,
+    TensorEntry,
+    is_shared,
+)
 from snapshotkit._plan.flatten import Flattened, escape_key, flatten, inflate, join_path
 from snapshotkit._restore.columns import ColumnView, plan_column_leaves
 from snapshotkit._restore.fits import describe_mismatch, tensor_matches
@@ -239,6 +247,13 @@ def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor
             "torch allows no in-place update of one outside inference mode (a module's load_state_dict() "
             "refuses it too). Create the object outside torch.inference_mode() and enter it after the restore, "
             "or restore into a .clone() of the tensor"
+        )
+    if destination.is_nested:  # it has no shape; a nested tensor is saved whole, as an object
+        if isinstance(entry, ObjectEntry) and not module:
+            return  # loaded new, handed to load_state_dict()
+        raise StateMismatchError(
+            f"cannot restore {logical_path!r} into a nested tensor: the snapshot has a {entry.kind} there, and only "
+            "a nested tensor saved as one (an object) loads into it. Restore into the kind of object that was saved"
         )
     if internal_overlap(destination):
         raise StateMismatchError(

@@ -121,6 +121,9 @@ def describe_state(
             elif is_sharded(leaf):
                 leaves[path] = _describe_sharded(path, leaf, payloads, prepare)
             elif isinstance(leaf, torch.Tensor):
+                if leaf.is_nested:  # no shape to record: stored whole, as an object
+                    leaves[path] = _describe_nested(path, leaf, payloads)
+                    continue
                 if prepare is not None:
                     leaf = _prepared(prepare, path, leaf)
                 leaves[path] = _describe_tensor(path, leaf, payloads, tied)
@@ -266,7 +269,16 @@ def _describe_sharded(
     return ShardedLeaf(dtype_name(dtype), shards.shape, shards.layout, tuple(boxes), grid)
 
 
-def _describe_tensor(path: str, tensor: torch.Tensor, payloads: list[Payload], tied: _TiedTensors) -> TensorLeaf:
+def _describe_nested(path: str, tensor: torch.Tensor, payloads: list[Payload]) -> ObjectLeaf:
+    """A nested tensor (strided or jagged): its components differ in shape, so the manifest's
+    dtype and shape cannot describe it; ``torch.save`` bytes restore it equal (weights_only too)."""
+    payloads.append(Payload.of_bytes(_serialize(path, tensor)))
+    return ObjectLeaf(len(payloads) - 1, f"{type(tensor).__module__}.{type(tensor).__qualname__}")
+
+
+def _describe_tensor(
+    path: str, tensor: torch.Tensor, payloads: list[Payload], tied: _TiedTensors
+) -> TensorLeaf | ObjectLeaf:
     if tensor.is_meta:
         raise UnsupportedValueError(
             f"the tensor at logical path {path!r} is on the meta device and has no data; materialize it first"
@@ -279,13 +291,20 @@ def _describe_tensor(path: str, tensor: torch.Tensor, payloads: list[Payload], t
         or tensor.layout != torch.strided
         or tensor.is_quantized
     ):  # else RAW, what tensor_serializer() says, without its calls: this runs once per tensor
+        if tensor.is_nested:  # a jagged one (a subclass)
+            return _describe_nested(path, tensor, payloads)
         serializer = tensor_serializer(tensor)
         if serializer != RAW:
             payloads.append(Payload.of_bytes(_serialize(path, tensor)))
             return TensorLeaf(len(payloads) - 1, dtype_name(tensor.dtype), tuple(tensor.shape), serializer)
         raw = dtype_name(tensor.dtype), tensor.element_size()
     dtype, itemsize = raw
-    shape = tuple(tensor.shape)
+    try:
+        shape = tuple(tensor.shape)
+    except RuntimeError:  # a strided nested tensor has no shape (checked here: free when none raises)
+        if tensor.is_nested:
+            return _describe_nested(path, tensor, payloads)
+        raise
     numel, address = tensor.numel(), tensor.data_ptr()
     known = tied.earlier(tensor, numel, address, len(payloads), path)
     if known is not None:
