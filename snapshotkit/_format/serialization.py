@@ -70,7 +70,7 @@ def contiguous_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A new contiguous CPU tensor with the same values (resolving lazy conj/neg views)."""
     source = tensor.detach().resolve_conj().resolve_neg()
     out = torch.empty(source.shape, dtype=source.dtype, device="cpu")
-    out.copy_(source)
+    copyable(out).copy_(copyable(source))
     return out
 
 
@@ -189,8 +189,25 @@ def flat_range_views(tensor: torch.Tensor, start: int, end: int) -> list[torch.T
     return views
 
 
+#: The sub-byte integer dtypes (``torch.int1``..``int7``, ``uint1``..``uint7``, one byte an element in
+#: memory) torch has no copy kernel for: they are copied as ``uint8`` views of the same bytes.
+_NO_COPY_KERNEL: frozenset[torch.dtype] = frozenset(
+    dtype
+    for sign in ("", "u")
+    for bits in range(1, 8)
+    if isinstance(dtype := getattr(torch, f"{sign}int{bits}", None), torch.dtype)
+)
+
+
+def copyable(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or for a dtype torch cannot ``copy_()`` (:data:`_NO_COPY_KERNEL`) a ``uint8``
+    view of its bytes (any strides: the element size is the same): copy through both sides' views."""
+    return tensor.view(torch.uint8) if tensor.dtype in _NO_COPY_KERNEL else tensor
+
+
 def copy_flat_range_out(source: torch.Tensor, start: int, end: int, out: torch.Tensor) -> None:
     """Copy elements ``[start, end)`` (row-major) of any-strided ``source`` into flat ``out``."""
+    source, out = copyable(source), copyable(out)
     position = 0
     for view in flat_range_views(source, start, end):
         count = view.numel()
@@ -200,6 +217,7 @@ def copy_flat_range_out(source: torch.Tensor, start: int, end: int, out: torch.T
 
 def copy_flat_range_in(destination: torch.Tensor, start: int, data: torch.Tensor) -> None:
     """Copy flat ``data`` into elements ``[start, start + numel)`` of any-strided ``destination``."""
+    destination, data = copyable(destination), copyable(data)
     position = 0
     for view in flat_range_views(destination, start, start + data.numel()):
         count = view.numel()

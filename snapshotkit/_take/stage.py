@@ -25,6 +25,7 @@ from snapshotkit._format.serialization import (
     byte_view,
     contiguous_cpu_copy,
     copy_flat_range_out,
+    copyable,
     flat_range_views,
     memory_view,
     tensor_from_bytes,
@@ -160,6 +161,7 @@ def _copy_range(tensor: torch.Tensor, first: int, last: int, target: torch.Tenso
     source = tensor.detach()
     if source.is_conj() or source.is_neg():
         source = source.resolve_conj().resolve_neg()
+    source, target = copyable(source), copyable(target)
     position = 0
     for view in flat_range_views(source, first, last):
         count = view.numel()
