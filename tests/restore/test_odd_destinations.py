@@ -284,7 +284,7 @@ def test_a_quantized_obj_out_of_the_saved_dtype_and_shape_is_refused_saying_why(
     saved = torch.quantize_per_tensor(torch.tensor([1.0, 2.0]), 0.1, 0, torch.qint8)
     Snapshot.take(str(tmp_path / "snap"), {"s": StateDict(q=saved)})
     out = torch.quantize_per_tensor(torch.tensor([0.0, 0.0]), 0.1, 0, torch.qint8)
-    with pytest.raises(StateMismatchError, match="dtype qint8 shape \\[2\\] stored with torch.save") as info:
+    with pytest.raises(StateMismatchError, match=r"dtype qint8 shape \[2\] stored with torch\.save") as info:
         Snapshot(str(tmp_path / "snap")).read_object("s/q", out)
     assert "snapshot has a dense tensor" not in str(info.value)
 
