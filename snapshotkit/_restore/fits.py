@@ -79,17 +79,17 @@ def can_receive(destination: torch.Tensor, loaded: torch.Tensor) -> bool:
     )
 
 
-def receive_loaded(logical_path: str, destination: torch.Tensor, loaded: torch.Tensor, new_if_unfit: bool) -> Any:
+def receive_loaded(logical_path: str, destination: torch.Tensor, loaded: torch.Tensor, or_new: bool) -> Any:
     """Copy ``loaded`` into ``destination`` and give ``destination``; if it cannot take it
-    (:func:`can_receive`), give ``loaded`` with ``new_if_unfit``, else refuse.
+    (:func:`can_receive`), give ``loaded`` with ``or_new``, else refuse.
 
     Raises:
-        StateMismatchError: ``destination`` cannot take ``loaded`` and ``new_if_unfit`` is false.
+        StateMismatchError: ``destination`` cannot take ``loaded`` and ``or_new`` is false.
     """
     if can_receive(destination, loaded):
         destination.detach().copy_(loaded)
         return destination
-    if new_if_unfit:
+    if or_new:
         return loaded
     raise describe_unfit_loaded(logical_path, loaded, destination)
 

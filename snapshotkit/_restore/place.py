@@ -94,15 +94,14 @@ class LeafLoader:
         destination: Any = None,
         *,
         matches: bool | None = None,
-        new_if_unfit: bool = False,
+        or_new: bool = False,
     ) -> Callable[[], Any]:
         """Plan loading ``entry``; ``destination`` is used in place when it matches.
 
         ``matches`` is :func:`tensor_matches` of a tensor entry and its destination when the
-        caller already computed it (planning a restore does, once per entry). A tensor stored
-        with ``torch.save`` shows its layout only once loaded: one ``destination`` cannot take
-        (:func:`~.fits.can_receive`: sparse, quantized into a dense one) raises
-        ``StateMismatchError`` then, or, with ``new_if_unfit``, is the value the thunk gives.
+        caller already computed it (planning a restore does, once per entry). A ``torch.save``d
+        tensor ``destination`` cannot take (:func:`~.fits.receive_loaded`) raises once loaded, or
+        with ``or_new`` (a new tensor is fine) is the value the thunk gives.
 
         Returns a thunk that gives the loaded value once :attr:`reads` have been fetched.
         """
@@ -123,7 +122,7 @@ class LeafLoader:
         if isinstance(entry, TensorEntry):
             if is_sharded(destination):
                 return self._add_tensor_into_shards(logical_path, entry, destination)
-            return self._add_tensor(logical_path, entry, destination, matches, new_if_unfit)
+            return self._add_tensor(logical_path, entry, destination, matches, or_new)
         if isinstance(entry, ShardedTensorEntry):
             return self._add_sharded(logical_path, entry, destination)
         raise ManifestError(f"{logical_path!r} is a {entry.kind}, not a leaf")
@@ -259,12 +258,7 @@ class LeafLoader:
         self.reads.append(PieceRead(piece, logical_path, consume=consume))
 
     def _add_tensor(
-        self,
-        logical_path: str,
-        entry: TensorEntry,
-        destination: Any,
-        matches: bool | None = None,
-        new_if_unfit: bool = False,
+        self, logical_path: str, entry: TensorEntry, destination: Any, matches: bool | None = None, or_new: bool = False
     ) -> Callable[[], Any]:
         in_place = tensor_matches(entry, destination) if matches is None else matches
         if entry.serializer != RAW:
@@ -273,7 +267,7 @@ class LeafLoader:
             def receive(loaded: Any) -> None:
                 if not isinstance(loaded, torch.Tensor):
                     raise ManifestError(f"{logical_path!r} is recorded as a tensor but holds a {type(loaded).__name__}")
-                slot.value = receive_loaded(logical_path, destination, loaded, new_if_unfit) if in_place else loaded
+                slot.value = receive_loaded(logical_path, destination, loaded, or_new) if in_place else loaded
 
             self._add_blob(logical_path, entry.pieces[0], receive)
             self.writes_in_place = self.writes_in_place or in_place

@@ -310,7 +310,7 @@ def _plan_leaves(
                         raise describe_mismatch(path, entry, destination)
                     destination = None
         # a module's load_state_dict() copies into its tensors: a sparse value would fail there
-        thunks[path] = loader.add(path, entry, destination, matches=matches, new_if_unfit=not strict and not module)
+        thunks[path] = loader.add(path, entry, destination, matches=matches, or_new=not strict and not module)
 
     if isinstance(leaves, ColumnView):  # a version-5 manifest: plain tensors planned from its columns
         return plan_column_leaves(leaves, destinations, loader, plan_leaf), thunks
