@@ -241,12 +241,17 @@ def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor
             f"cannot restore {logical_path!r} into a tensor on the meta device: it has no memory to load into. "
             "Materialize the object first (e.g. module.to_empty(device='cpu')), then restore"
         )
-    if destination.is_inference():
+    # inside inference mode torch allows updating one in place: a contiguous CPU one is read into
+    # directly (other layouts and devices are copied into on worker threads, outside the mode)
+    if destination.is_inference() and not (
+        torch.is_inference_mode_enabled() and destination.is_cpu and destination.is_contiguous()
+    ):
         raise StateMismatchError(
             f"cannot restore {logical_path!r} into an inference tensor (created under torch.inference_mode()): "
             "torch allows no in-place update of one outside inference mode (a module's load_state_dict() "
             "refuses it too). Create the object outside torch.inference_mode() and enter it after the restore, "
-            "or restore into a .clone() of the tensor"
+            "restore into a .clone() of the tensor, or, for contiguous CPU tensors, call restore inside "
+            "torch.inference_mode()"
         )
     if destination.is_nested:  # it has no shape; a nested tensor is saved whole, as an object
         if isinstance(entry, ObjectEntry) and not module:

@@ -317,3 +317,13 @@ def test_an_inference_tensor_destination_is_refused_before_any_read(
     state = StateDict(c=plain, a=inference.clone())  # the advice: a clone of it is restored
     snapshot.restore({"s": state}, strict=strict)
     assert torch.equal(state["a"], saved["a"]) and torch.equal(plain, saved["c"])
+    with torch.inference_mode():  # where torch allows the update: a contiguous one is restored
+        if contiguous:
+            snapshot.restore({"s": StateDict(c=plain, a=inference)}, strict=strict)
+            snapshot.restore({"m": module}, strict=strict)
+            saved_module = snapshot.read_object("m")
+            assert torch.equal(inference, saved["a"])
+            assert all(torch.equal(value, saved_module[name]) for name, value in module.state_dict().items())
+        else:
+            with pytest.raises(StateMismatchError, match=r"'s/a' into an inference tensor"):
+                snapshot.restore({"s": StateDict(c=plain, a=inference)}, strict=strict)
