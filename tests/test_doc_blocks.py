@@ -44,10 +44,10 @@ every command with its output.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _doc_cli
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -233,6 +234,19 @@ def _matches(shown: tuple[str, ...], actual: tuple[str, ...]) -> bool:
 
 def _run_blocks(document: str, blocks: list[dict[str, Any]], transcript: bool) -> int:
     """Runs a page's blocks in the current directory (in the child process); 1 at the first failure."""
+    server = None
+    if any(raw["kind"] != "python" for raw in blocks):
+        with contextlib.suppress(OSError):  # no fork server (not Linux): every command starts an interpreter
+            server, os.environ[_doc_cli.SERVER_VARIABLE] = _doc_cli.start(dict(os.environ))
+    try:
+        return _run_each_block(document, blocks, transcript)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait()
+
+
+def _run_each_block(document: str, blocks: list[dict[str, Any]], transcript: bool) -> int:
     namespace = {"__name__": "__doc_blocks__"}
     for raw in blocks:
         block = _Block(
@@ -271,10 +285,10 @@ def _run_document(document: str, tmp_path: Path, *, transcript: bool = False) ->
     for folder in (work, temp, bin_dir):
         folder.mkdir()
     venv_bin = Path(sys.executable).parent
-    if not (venv_bin / "snapshotkit").exists():  # not installed (a bare checkout): this checkout's module
-        shim = bin_dir / "snapshotkit"
-        shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m snapshotkit "$@"\n')
-        shim.chmod(0o755)
+    installed = venv_bin / "snapshotkit"
+    # not installed (a bare checkout): this checkout's module
+    real = [str(installed)] if installed.exists() else [sys.executable, "-m", "snapshotkit"]
+    _doc_cli.write_shim(bin_dir / "snapshotkit", real)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["PATH"] = os.pathsep.join((str(bin_dir), str(venv_bin), env["PATH"]))
@@ -387,6 +401,53 @@ def test_pending_pages_are_still_pending() -> None:
 def test_the_shell_blocks_are_found() -> None:
     documents = _documents_to_run()
     assert {"README.md", "docs/quickstart.md", "docs/cli.md", "docs/lightning.md"} <= set(documents), documents
+
+
+def test_only_what_is_read_per_command_may_differ_from_the_cli_servers_environment() -> None:
+    startup = {"PATH": "/bin", "SHLVL": "1", "SNAPSHOTKIT_IO_CONCURRENCY": "4"}
+    assert _doc_cli.runs_in_a_fork(startup, startup)
+    assert _doc_cli.runs_in_a_fork(
+        {"PATH": "/bin", "SHLVL": "2", "_": "/x", "SNAPSHOTKIT_X": "1", "COLUMNS": "40"}, startup
+    )
+    assert not _doc_cli.runs_in_a_fork({**startup, "PYTHONWARNINGS": "error"}, startup)  # read at startup
+    assert not _doc_cli.runs_in_a_fork({**startup, "PATH": "/usr/bin"}, startup)
+    assert not _doc_cli.runs_in_a_fork({"PATH": "/bin"}, {"PATH": "/bin", "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.slow
+def test_the_cli_server_runs_commands_as_the_installed_command_does(tmp_path: Path) -> None:
+    """The same streams, exit statuses and output through the fork server as from the real command."""
+    script = (
+        "snapshotkit --version\n"
+        'snapshotkit ls missing; echo "status $?"\n'  # usage error: stderr, status 2
+        "snapshotkit --help | head -n 2\n"  # a pipe that closes early
+        "echo '{}' | snapshotkit info - 2>/dev/null; echo \"status $?\"\n"  # stdin a pipe, stderr dropped
+        'COLUMNS=40 SNAPSHOTKIT_MEMORY_BUDGET_BYTES=x snapshotkit ls . > out.txt 2>&1; echo "status $?"; cat out.txt\n'
+    )
+    installed = Path(sys.executable).parent / "snapshotkit"
+    real = [str(installed)] if installed.exists() else [sys.executable, "-m", "snapshotkit"]
+    _doc_cli.write_shim(tmp_path / "snapshotkit", real)
+    env = {**os.environ, "PATH": os.pathsep.join((str(tmp_path), os.environ["PATH"]))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.pop(_doc_cli.SERVER_VARIABLE, None)
+
+    def run(env: dict[str, str]) -> str:
+        proc = subprocess.run(
+            ["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout + "\n--- stderr\n" + proc.stderr
+
+    expected = run(env)  # no server: the shim runs the real command
+    server, name = _doc_cli.start(env)
+    try:
+        assert run({**env, _doc_cli.SERVER_VARIABLE: name}) == expected
+    finally:
+        server.terminate()
+        server.wait()
+    assert "status 2" in expected, expected
+    (tmp_path / "out.txt").unlink()
+    (tmp_path / "snapshotkit").unlink()
 
 
 @pytest.mark.slow
