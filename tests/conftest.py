@@ -86,6 +86,55 @@ def _restore_snapshotkit_logging() -> Iterator[None]:
     logger.propagate = propagate
 
 
+# Shared memory (the process executor's staging pool: multiprocessing.shared_memory, named psm_*)
+# stays in /dev/shm until someone unlinks it, however many processes that used it have ended: a
+# segment the run made that no live process maps any more once a test, or the run, is over, leaked.
+_SHM_DIR = Path("/dev/shm")
+_SHM_PREFIX = "psm_"
+_SHM_AT_START = pytest.StashKey[set[str]]()
+# Left alone (they may be another program's); each is reported by the first check that finds it.
+_SHM_REPORTED: set[str] = set()
+
+
+def _shm_segments() -> set[str]:
+    try:
+        return {name for name in os.listdir(_SHM_DIR) if name.startswith(_SHM_PREFIX)}
+    except OSError:  # no /dev/shm (not Linux): nothing to check
+        return set()
+
+
+def _unmapped(names: set[str]) -> set[str]:
+    """Those of ``names`` no live process maps (one that does is a pool in use, this run's or another program's)."""
+    unmapped = set(names)
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        if not unmapped:
+            break
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended meanwhile
+            continue
+        unmapped = {name for name in unmapped if f"{_SHM_DIR}/{name}" not in text}
+    return unmapped
+
+
+def _leaked_shm_message(leaked: set[str], by: str) -> str:
+    return (
+        f"{by} left {len(leaked)} shared-memory segment(s) in {_SHM_DIR} that no process uses: "
+        f"{', '.join(sorted(leaked))}; whatever made them must unlink them (a user's /dev/shm fills up)"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_shared_memory() -> Iterator[None]:
+    """Fail a test after which a shared-memory segment it made is left that no process maps."""
+    before = _shm_segments()
+    yield
+    new = _shm_segments() - before
+    if new and (leaked := _unmapped(new)):
+        _SHM_REPORTED.update(leaked)  # not again at the end of the run
+        pytest.fail(_leaked_shm_message(leaked, "the test"), pytrace=False)
+
+
 # The private temp directory, and what TMPDIR, TORCHINDUCTOR_CACHE_DIR and tempfile.tempdir were.
 _SESSION_TMP = pytest.StashKey[tuple[Path, dict[str, str | None], str | None]]()
 # The root pytest makes in the temp directory for every user's tmp_path trees; it stays even when
@@ -101,6 +150,7 @@ _TORCH_CACHE = "torchinductor_cache"
 
 def pytest_configure(config: pytest.Config) -> None:
     """Point ``TMPDIR`` at a fresh private directory before any test or subprocess makes a temp file."""
+    config.stash[_SHM_AT_START] = _shm_segments()
     private = Path(tempfile.mkdtemp(prefix="snapshotkit-tests-")).resolve()
     previous_env = {name: os.environ.get(name) for name in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
     config.stash[_SESSION_TMP] = (private, previous_env, tempfile.tempdir)
@@ -138,6 +188,7 @@ def _leftovers(private: Path, own: Path | None) -> list[str]:
 def pytest_sessionfinish(session: pytest.Session) -> Generator[None]:
     """Fail the run if anything is left in the private temp directory; then remove the directory."""
     result = yield
+    _check_shared_memory(session)
     private, previous_env, previous_tempdir = session.config.stash[_SESSION_TMP]
     own = _own_multiprocessing_dir()
     leftovers = _leftovers(private, own)
@@ -170,3 +221,22 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None]:
         if session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
     return result
+
+
+def _check_shared_memory(session: pytest.Session) -> None:
+    """Fail the run if a shared-memory segment made during it is left that no process maps, once this
+    process's checkpoint daemons stopped (as they do at exit, unlinking their pools)."""
+    if "snapshotkit._take.executors" in sys.modules:
+        sys.modules["snapshotkit._take.executors"].shutdown_writers()
+    leaked = _unmapped(_shm_segments() - session.config.stash[_SHM_AT_START] - _SHM_REPORTED)
+    if not leaked:
+        return
+    message = _leaked_shm_message(leaked, "the test run") + " (made by another program, if one ran meanwhile)"
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", "leaked shared memory", red=True, bold=True)
+        reporter.write_line(message)
+    else:
+        sys.stderr.write(message + "\n")
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

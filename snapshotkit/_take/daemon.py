@@ -9,7 +9,10 @@ registrations to repeat, then ``("write", job, path, storage_options, location,
 shared_memory_name, nbytes, slots, io_concurrency, reuse)`` for each staged data object
 (``slots``: the ``(offset, nbytes)`` of each piece; ``reuse``: an incremental take's
 :class:`~snapshotkit._take.reuse.ReuseIndex`, or None),
-``("release", name)``, ``("stop",)``. For each write it checksums the staged bytes in the
+``("segment", name)`` followed by the segment's file descriptor (``SCM_RIGHTS``: the trainer
+unlinks every segment's name as soon as it made it, so a kill -9 of the whole process group
+leaves nothing in ``/dev/shm``; sent once, before the first write from it), ``("release", name)``,
+``("stop",)``. For each write it checksums the staged bytes in the
 shared-memory segment, writes them with the storage plugin for ``path`` (at most
 ``io_concurrency`` writes at once) and answers ``("done", job, pieces)`` (the final piece of each
 slot, in order: :func:`~snapshotkit._take.reuse.decide`, then
@@ -22,11 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import mmap
 import multiprocessing.connection
+import os
 import sys
 import threading
 import traceback
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import reduction
 from typing import Any
 
 from snapshotkit._dist import portable
@@ -36,6 +41,24 @@ from snapshotkit._take.reuse import ReuseIndex, decide
 from snapshotkit._take.writers import plugin_key
 from snapshotkit.storage import StoragePlugin, open_storage_plugin, register_storage_plugin
 from snapshotkit.storage._registry import split_uri
+
+
+class _Segment:
+    """A shared-memory segment the trainer sent as a file descriptor, mapped here."""
+
+    def __init__(self, fd: int) -> None:
+        try:
+            self._map = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)  # the mapping keeps the memory
+        self.buf: memoryview | None = memoryview(self._map)
+
+    def close(self) -> None:
+        """Unmap; BufferError while a view of :attr:`buf` is still exported."""
+        if self.buf is not None:
+            self.buf.release()
+            self.buf = None
+        self._map.close()
 
 
 def serve(connection: multiprocessing.connection.Connection) -> None:
@@ -48,7 +71,7 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
     loop = asyncio.new_event_loop()
     plugins: dict[tuple[str, str], StoragePlugin] = {}
     retired: list[StoragePlugin] = []
-    segments: dict[str, shared_memory.SharedMemory] = {}
+    segments: dict[str, _Segment] = {}  # the receiving thread adds, the loop uses, both remove
     slots: dict[int, asyncio.Semaphore] = {}
     send_lock = threading.Lock()
 
@@ -88,11 +111,7 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
         plugin = plugins.get(key)
         if plugin is None:
             plugin = plugins[key] = open_storage_plugin(path, options)
-        segment = segments.get(name)
-        if segment is None:
-            segment = segments[name] = shared_memory.SharedMemory(name=name)
-            # The trainer owns the segment; this process must not unlink it when it exits.
-            resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+        segment = segments[name]  # its descriptor came before the first write from it
         assert segment.buf is not None
         view = segment.buf[:nbytes]
         views = [view[offset : offset + size] for offset, size in pieces]
@@ -111,7 +130,7 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
             view.release()
         return written
 
-    async def close_segment(segment: shared_memory.SharedMemory) -> None:
+    async def close_segment(segment: _Segment) -> None:
         # On the loop, after the writes that used it (they finished before the trainer freed it).
         try:
             segment.close()
@@ -137,6 +156,9 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
                 for scheme, factory in message[1].items():
                     register_storage_plugin(scheme, factory)
                     loop.call_soon_threadsafe(retire, scheme.lower())  # on the loop, before the next write
+                continue
+            if message[0] == "segment":
+                segments[message[1]] = _Segment(reduction.recv_handle(connection))
                 continue
             if message[0] == "release":  # the trainer freed a pooled segment: unmap it
                 segment = segments.pop(message[1], None)

@@ -1,11 +1,12 @@
 """The writer of ``async_take(executor="process")``: a checkpoint daemon fed through shared memory.
 
 Staged objects are copied into pooled shared-memory segments (reused between snapshots; pinned
-once they stage a GPU piece, whose copies then run on a side stream as the thread writer's do); only
-small control messages cross the socket to the daemon (:mod:`snapshotkit._take.daemon`), which
-checksums and writes them with the same storage plugins, so checksumming and storage calls
-never hold the trainer's GIL. The daemon is started on first use, reused, and replaced when it
-died (its pending writes fail with :class:`~snapshotkit.errors.CheckpointDaemonError`).
+once they stage a GPU piece, whose copies then run on a side stream as the thread writer's do; no
+name in ``/dev/shm``: each segment's file descriptor crosses the socket once); only small control
+messages cross the socket to the daemon (:mod:`snapshotkit._take.daemon`), which checksums and
+writes them with the same storage plugins, so checksumming and storage calls never hold the
+trainer's GIL. The daemon is started on first use, reused, and replaced when it died (its pending
+writes fail with :class:`~snapshotkit.errors.CheckpointDaemonError`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from multiprocessing import shared_memory
+from multiprocessing import reduction, shared_memory
 from typing import Any
 
 from snapshotkit._format.pieces import Piece
@@ -49,6 +50,15 @@ if int(sys.argv[2]) > 0:
 from snapshotkit._take.daemon import main
 main()
 """
+
+
+def _new_segment(size: int) -> shared_memory.SharedMemory:
+    """A shared-memory segment of ``size`` bytes whose name is gone already: this process and the daemon
+    (sent the file descriptor) map it, and the memory goes with the last of them, even when a kill -9
+    takes every process at once (a name in ``/dev/shm`` would outlive them all, and fill it up)."""
+    segment = shared_memory.SharedMemory(create=True, size=size)
+    segment.unlink()  # also unregisters it from the resource tracker: nothing is left to remove at exit
+    return segment
 
 
 def _address(segment: shared_memory.SharedMemory) -> int:
@@ -96,6 +106,7 @@ class ProcessWriter:
         self._next_job = 0
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # writes are sent from staging, evictions from any thread
+        self._sent_segments: set[str] = set()  # the segments whose descriptor the daemon has, by name
         self._segments = BufferPool(staging_budget(), self._discard_segment)
         self._gpu = GpuCopies()
         self.dead: str | None = None
@@ -153,7 +164,7 @@ class ProcessWriter:
         size = bucket_bytes(plan.nbytes)
         segment = self._segments.get(size)
         if segment is None:
-            segment = shared_memory.SharedMemory(create=True, size=size)
+            segment = _new_segment(size)
             self._segments.add(segment)
         assert segment.buf is not None
         try:
@@ -173,7 +184,9 @@ class ProcessWriter:
     def _discard_segment(self, segment: shared_memory.SharedMemory) -> None:
         """Free a segment the pool does not keep: the daemon unmaps it, this process unlinks it."""
         with contextlib.suppress(OSError, ValueError), self._send_lock:
-            self._connection.send(("release", segment.name))
+            if segment.name in self._sent_segments:
+                self._sent_segments.discard(segment.name)
+                self._connection.send(("release", segment.name))
         self._close_segment(segment)
 
     def preallocate(self, sizes: Mapping[int, int], *, pinned: bool = False) -> int:
@@ -181,7 +194,7 @@ class ProcessWriter:
         with ``pinned``); the bytes made."""
 
         def make(size: int) -> shared_memory.SharedMemory:
-            segment = shared_memory.SharedMemory(create=True, size=size)
+            segment = _new_segment(size)
             assert segment.buf is not None
             zeros = bytes(min(size, _TOUCH_BYTES))
             for start in range(0, size, len(zeros)):  # writing every page faults it in now
@@ -222,6 +235,11 @@ class ProcessWriter:
                 registrations = self._new_registrations()
                 if registrations:  # registered since the daemon started (or last heard): before the write
                     self._connection.send(("register", registrations))
+                if staged.handle.name not in self._sent_segments:  # its first write: the descriptor first
+                    self._connection.send(("segment", staged.handle.name))
+                    # SharedMemory keeps its descriptor open until close()
+                    reduction.send_handle(self._connection, staged.handle._fd, self.pid)
+                    self._sent_segments.add(staged.handle.name)
                 self._connection.send(message)
         except (OSError, ValueError, CheckpointDaemonError) as exc:
             with self._lock:
@@ -264,10 +282,8 @@ class ProcessWriter:
             self._close_segment(segment)
 
     def _close_segment(self, segment: shared_memory.SharedMemory) -> None:
-        """Unpin (if pinned), unmap and remove a segment no staged object uses (again: no harm)."""
+        """Unpin (if pinned) and unmap a segment no staged object uses (again: no harm); its name is gone."""
         if segment.buf is not None and self._gpu.pinned_bytes:
             self._gpu.unpin(_address(segment))  # before the mapping goes away
         with contextlib.suppress(BufferError):  # a view still exported: the mapping goes with it
             segment.close()
-        with contextlib.suppress(FileNotFoundError):
-            segment.unlink()

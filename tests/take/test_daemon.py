@@ -4,6 +4,8 @@ cleanly, with nothing on its stderr."""
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -79,3 +81,42 @@ def test_daemon_imports_the_trainers_snapshotkit_not_one_in_the_working_director
         timeout=100,
     )
     assert "committed" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_a_kill_of_every_process_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
+    # Before: the pooled segments had names in /dev/shm until the trainer unlinked them (or its
+    # resource tracker did, at exit); a kill -9 of the whole process group (trainer, daemon and
+    # tracker) left them there for good, up to the staging budget each time.
+    script = textwrap.dedent(
+        f"""
+        from multiprocessing import shared_memory
+        import torch
+        from snapshotkit import Snapshot, StateDict
+        made, init = [], shared_memory.SharedMemory.__init__
+        def record(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            made.append(self.name)
+        shared_memory.SharedMemory.__init__ = record
+        state = StateDict(**{{f"t{{i}}": torch.full((300_000,), float(i)) for i in range(4)}})
+        Snapshot.async_take({str(tmp_path / "snap")!r}, {{"s": state}}, executor="process").wait()
+        print(" ".join(made), flush=True)  # pooled now, mapped by the trainer and the daemon
+        input()  # killed here
+        """
+    )
+    env = {**os.environ, "SNAPSHOTKIT_DATA_OBJECT_BYTES": str(1 << 20)}
+    with subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the kill takes the daemon and the tracker too
+    ) as child:
+        try:
+            assert child.stdout is not None
+            names = child.stdout.readline().split()
+        finally:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert names, "no segment was pooled"
+    assert [name for name in names if Path("/dev/shm", name).exists()] == []
+    shutil.rmtree(tmp_path / "snap")
