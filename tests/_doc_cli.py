@@ -33,9 +33,9 @@ from typing import Any
 #: The environment variable that names the server's (abstract, Linux) socket for the shim.
 SERVER_VARIABLE = "SNAPSHOTKIT_DOC_TEST_CLI_SERVER"
 
-#: Variables (besides ``SNAPSHOTKIT_*``) read when a command runs, not at import (snapshotkit reads its ``SNAPSHOTKIT_*`` config
-#: per operation; rich reads the terminal's size and colour settings per console), and those bash
-#: itself sets in every script: a difference in these alone still runs in a fork.
+#: Variables read when a command runs, not at import (as snapshotkit reads its ``SNAPSHOTKIT_*``
+#: config, per operation; rich reads the terminal's size and colour settings per console), and those
+#: bash itself sets in every script: a difference in these (or ``SNAPSHOTKIT_*``) still runs in a fork.
 _READ_PER_COMMAND = ("PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TERM")
 
 _LENGTH = struct.Struct("!I")
