@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import struct
@@ -43,18 +44,21 @@ _STATUS = struct.Struct("!i")
 _FALLBACK = b"F"  # the server's answer for a command it would not run faithfully
 _RAN = b"R"  # followed by the exit status
 
+# sh, not a ``#!python`` line, which a long path to the interpreter would break; the script's own
+# path goes first, as the command's ``sys.argv[0]``.
 SHIM = """\
-#!{python} -S
-import sys
-sys.path.insert(0, {tests!r})
-from _doc_cli import shim
-shim({real!r})
+#!/bin/sh
+exec {python} -S -c 'import json, sys; sys.path.insert(0, sys.argv[1]); import _doc_cli; \\
+_doc_cli.shim(json.loads(sys.argv[2]), sys.argv[3:])' {tests} {real} "$0" "$@"
 """
 
 
 def write_shim(path: Path, real: list[str]) -> None:
     """Write the ``snapshotkit`` shim to ``path``; ``real`` is the command it stands in for (without arguments)."""
-    path.write_text(SHIM.format(python=sys.executable, tests=str(Path(__file__).parent), real=real))
+    tests = str(Path(__file__).parent)
+    path.write_text(
+        SHIM.format(python=shlex.quote(sys.executable), tests=shlex.quote(tests), real=shlex.quote(json.dumps(real)))
+    )
     path.chmod(0o755)
 
 
@@ -88,8 +92,8 @@ def start(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
 # ---------------------------------------------------------------- the shim
 
 
-def shim(real: list[str]) -> None:
-    """Run ``snapshotkit`` with this process's arguments in a fork of the server, or ``real`` when there is none."""
+def shim(real: list[str], argv: list[str]) -> None:
+    """Run ``snapshotkit`` with ``argv`` (its path first) in a fork of the server, or ``real`` when there is none."""
     name = os.environ.get(SERVER_VARIABLE)
     if name:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -98,7 +102,7 @@ def shim(real: list[str]) -> None:
         except OSError:
             connection.close()
         else:
-            request = json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+            request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
             socket.send_fds(connection, [_LENGTH.pack(len(request))], [0, 1, 2])
             connection.sendall(request)
             answer = _receive_exactly(connection, 1)
@@ -106,9 +110,9 @@ def shim(real: list[str]) -> None:
                 (status,) = _STATUS.unpack(_receive_exactly(connection, _STATUS.size))
                 sys.exit(status if status >= 0 else 128 - status)
             if answer != _FALLBACK:
-                sys.stderr.write(f"{sys.argv[0]}: the doc-test CLI server ended without an exit status\n")
+                sys.stderr.write(f"{argv[0]}: the doc-test CLI server ended without an exit status\n")
                 sys.exit(1)
-    os.execv(real[0], [*real, *sys.argv[1:]])
+    os.execv(real[0], [*real, *argv[1:]])
 
 
 def _receive_exactly(connection: socket.socket, size: int) -> bytes:
