@@ -1,4 +1,5 @@
-"""The session check in tests/conftest.py: a run that leaves files in the temp directory fails, by name.
+"""The checks in tests/conftest.py: a run that leaves files in the temp directory fails, by name, and so does
+a test that leaves a shared-memory segment in /dev/shm.
 
 Each case runs pytest in a subprocess on a small project that uses a copy of our conftest.py, with
 ``TMPDIR`` pointing at a directory of the case's own, which must be empty afterwards either way.
@@ -6,7 +7,9 @@ Each case runs pytest in a subprocess on a small project that uses a copy of our
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,3 +87,34 @@ def test_a_forgotten_temp_file_fails_the_run_by_name(tmp_path: Path) -> None:
     assert "forgotten-" in output, output
     assert "kept-by-pytest" not in output, output  # pytest's own tmp_path trees are not leftovers
     assert list(outer_tmp.iterdir()) == [], output  # the private directory is removed either way
+
+
+_LEAKS_SHARED_MEMORY = """
+
+def test_uses_shared_memory_and_unlinks_it():
+    from multiprocessing import shared_memory
+    segment = shared_memory.SharedMemory(create=True, size=4096)
+    segment.close()
+    segment.unlink()
+
+
+def test_leaves_a_shared_memory_segment():
+    from multiprocessing import shared_memory
+    segment = shared_memory.SharedMemory(create=True, size=4096)
+    segment.close()  # unmapped, never unlinked
+"""
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX shared memory in /dev/shm (Linux)")
+def test_a_leaked_shared_memory_segment_fails_the_test_by_name(tmp_path: Path) -> None:
+    proc, outer_tmp = _run(tmp_path, _LEAKS_SHARED_MEMORY)
+    output = proc.stdout + proc.stderr
+    leaked = sorted(set(re.findall(r"\bpsm_\w+", output)))
+    for name in leaked:  # ours; the child's resource tracker may have removed it already, at its exit
+        with contextlib.suppress(FileNotFoundError):
+            (Path("/dev/shm") / name).unlink()
+    assert proc.returncode == pytest.ExitCode.TESTS_FAILED, output
+    assert "2 passed, 1 error" in output, output  # the leak is an error at its teardown
+    assert "ERROR at teardown of test_leaves_a_shared_memory_segment" in output, output
+    assert len(leaked) == 1 and "left 1 shared-memory segment(s) in /dev/shm that no process uses" in output, output
+    assert list(outer_tmp.iterdir()) == [], output
