@@ -218,21 +218,21 @@ def _resume_then_die_receiving_a_replica(rank: int, world: int, root: str, local
     receiving a peer's replica of step 8 (after the first bytes are written)."""
     import signal
 
-    from snapshotkit._tier import transfer
+    from snapshotkit._tier import receive
 
     mgr = _manager(rank, root, locals_, 1)
     state = StateDict(w=torch.zeros(64), step=-1)
     assert mgr.restore_latest({"s": state}) == 6
     if rank == victim:
-        write = transfer._write_all
+        write = receive._write_chunk
 
-        def write_then_die(fd: int, data: memoryview, path: Path) -> str:
+        def write_then_die(fd: int, data: memoryview, offset: int, path: Path) -> str:
             if "step_8" in str(path):
-                write(fd, data[: len(data) // 2], path)
+                write(fd, data[: len(data) // 2], offset, path)
                 os.kill(os.getpid(), signal.SIGKILL)
-            return write(fd, data, path)
+            return write(fd, data, offset, path)
 
-        transfer._write_all = write_then_die  # type: ignore[assignment]
+        receive._write_chunk = write_then_die  # type: ignore[assignment]
     return _train_to_step_8(mgr, state)
 
 

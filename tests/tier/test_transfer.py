@@ -22,6 +22,7 @@ from multirank._harness import run_ranks
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit._dist import Group, own_process_group
+from snapshotkit._tier import receive as receive_module
 from snapshotkit._tier import transfer as transfer_module
 from snapshotkit._tier.transfer import Transfer, TransferOutcome, is_incoming, send_and_receive
 from snapshotkit.errors import CollectiveTimeoutError, ConfigError, InvalidArgumentError, RankFailedError
@@ -273,23 +274,25 @@ def test_arguments_are_checked_before_anything_is_sent(tmp_path: Path) -> None:
         [["x", 1], ["x", 1]],
         [["x"]],
         "x",
+        [],  # no manifest
+        [["data/x", 1], [".snapshot_metadata", 3]],  # the manifest not first: nothing to check the data against
     ],
 )
 def test_a_file_list_that_could_leave_the_copy_is_refused(files: object) -> None:
-    accepted, reason = transfer_module._checked_files(files)
+    accepted, reason = receive_module.checked_files(files)
     assert accepted == [] and "nothing was written" in reason
 
 
 def test_a_plain_file_list_is_accepted() -> None:
-    files = [["data/0_00000_ab", 10], [".snapshot_metadata", 3]]
-    assert transfer_module._checked_files(files) == ([("data/0_00000_ab", 10), (".snapshot_metadata", 3)], "")
+    files = [[".snapshot_metadata", 3], ["data/0_00000_ab", 10]]
+    assert receive_module.checked_files(files) == ([(".snapshot_metadata", 3), ("data/0_00000_ab", 10)], "")
 
 
 def test_a_snapshot_holding_a_symlink_is_not_sent(tmp_path: Path) -> None:
     source = tmp_path / "snap"
     Snapshot.take(str(source), {"s": StateDict({"x": torch.ones(3)})})
     files, reason = transfer_module._listing(source)
-    assert files[-1][0] == ".snapshot_metadata" and not reason
+    assert files[0][0] == ".snapshot_metadata" and not reason  # first: the receiver checks the rest against it
     (source / "data" / "link").symlink_to(tmp_path)
     files, reason = transfer_module._listing(source)
     assert files == [] and f"holds {source / 'data' / 'link'}, which is not a regular file" in reason
