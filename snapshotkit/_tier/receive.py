@@ -16,19 +16,20 @@ verified whole with its bases (:func:`~snapshotkit.verify.verify_snapshot`) befo
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import os
 import pathlib
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from snapshotkit._dist import Group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.pieces import METADATA_FILENAME
 from snapshotkit._runtime.filewrite import pwrite_all, start_writeback
-from snapshotkit._tier.arrival import ArrivalCheck, Problem
+from snapshotkit._tier.arrival import ArrivalCheck, FileCheck, Problem
 from snapshotkit._tier.wire import (
     INCOMING_INFIX,
     Transfer,
@@ -41,14 +42,17 @@ from snapshotkit._tier.wire import (
 from snapshotkit.errors import SnapshotkitError
 from snapshotkit.verify import verify_snapshot
 
-__all__ = ["checked_files", "receive"]
+__all__ = ["Buffers", "checked_files", "receive"]
+
+#: The buffers a transfer's chunks go through: uint8 tensors of the chunk size, two.
+Buffers = Sequence[Any]
 
 #: Problems of a damaged copy named in an outcome's reason (the rest are counted).
 _PROBLEMS_NAMED = 3
 
 
-def receive(group: Group, transfer: Transfer, target: pathlib.Path, buffer: Any) -> TransferOutcome:
-    """Receive ``transfer``'s copy into ``target`` through ``buffer`` (a uint8 tensor)."""
+def receive(group: Group, transfer: Transfer, target: pathlib.Path, buffers: Buffers) -> TransferOutcome:
+    """Receive ``transfer``'s copy into ``target`` through ``buffers`` (two uint8 tensors of the chunk size)."""
     what = describe(transfer)
     peer = transfer.sender
     header = receive_json(group, peer, what)
@@ -69,7 +73,7 @@ def receive(group: Group, transfer: Transfer, target: pathlib.Path, buffer: Any)
         return TransferOutcome(transfer, False, refused)
     try:
         send_json(group, peer, {"send": True}, what)
-        problem = _receive_copy(group, peer, incoming, files, buffer, what)
+        problem = _receive_copy(group, peer, incoming, files, buffers, what)
         _, sent_problem = ok_reason(receive_json(group, peer, what))
         problem = sent_problem or problem or _place(incoming, target)
     finally:
@@ -128,57 +132,106 @@ def _make_incoming(target: pathlib.Path) -> pathlib.Path:
 
 
 def _receive_copy(
-    group: Group, peer: int, incoming: pathlib.Path, files: list[tuple[str, int]], buffer: Any, what: str
+    group: Group, peer: int, incoming: pathlib.Path, files: list[tuple[str, int]], buffers: Buffers, what: str
 ) -> str:
     """Receive the manifest, then every data object (checked as it arrives) into ``incoming``;
     why the copy is not usable, or ``""`` once it is complete, verified and fsynced. Every byte
-    is received whatever happens, so that both sides stay in step."""
+    is received whatever happens, so that both sides stay in step.
+
+    Double-buffered: this thread receives the next chunk into one buffer while a writer thread
+    checks and writes the previous one out of the other (in order; no collective runs there)."""
     (_, manifest_bytes), data_files = files[0], files[1:]
     manifest = bytearray()
-    for _, data in _chunks(group, peer, manifest_bytes, buffer, what):
-        manifest += data
+    for _, n in _chunk_sizes(manifest_bytes, len(buffers[0])):
+        group.receive_from(buffers[0][:n], peer, what)
+        manifest += memoryview(buffers[0].numpy())[:n]
     check, problem = _arrival_check(bytes(manifest), data_files)
-    directories = {incoming}
-    for relative, size_bytes in data_files:
-        # once a piece failed its check the copy is lost: the rest is received and checked, not written
-        writing = check is not None and not check.problems and not problem
-        file_check = check.file(relative) if check is not None else None
-        path = incoming / relative
-        fd = -1
-        if writing:
-            fd, problem = _create(incoming, relative, directories)
+    writer = _CopyWriter(incoming, check, problem)
+    views = [memoryview(buffer.numpy()) for buffer in buffers]
+    in_use: list[concurrent.futures.Future[None] | None] = [None] * len(buffers)
+    # leaving the block waits for the writer, also when a receive raised: the caller then removes
+    # the incoming copy, which nothing writes to any more
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshotkit-tier-receive") as worker:
+        chunks = 0
+        for relative, size_bytes in data_files:
+            worker.submit(writer.open, relative)
+            for offset, n in _chunk_sizes(size_bytes, len(views[0])):
+                slot = chunks % len(buffers)
+                chunks += 1
+                if in_use[slot] is not None:
+                    in_use[slot].result()  # type: ignore[union-attr]  # its bytes are written out
+                group.receive_from(buffers[slot][:n], peer, what)
+                in_use[slot] = worker.submit(writer.write, views[slot][:n], offset)
+            worker.submit(writer.close)
+    return writer.finish(bytes(manifest))
+
+
+def _chunk_sizes(size_bytes: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
+    """``(offset, length)`` of each chunk of a file of ``size_bytes``."""
+    for offset in range(0, size_bytes, chunk_bytes):
+        yield offset, min(chunk_bytes, size_bytes - offset)
+
+
+class _CopyWriter:
+    """Checks and writes the data objects of a copy, in the order they arrive (on one thread).
+
+    Once the copy is known to be unusable (a piece failed its check, a write failed), nothing
+    more is written; the check goes on, so that the reason names every damaged piece."""
+
+    def __init__(self, incoming: pathlib.Path, check: ArrivalCheck | None, problem: str) -> None:
+        self.incoming, self.check, self.problem = incoming, check, problem
+        self.directories = {incoming}
+        self._fd = -1
+        self._path = incoming
+        self._file_check: FileCheck | None = None
+        self._error: BaseException | None = None  # a bug, raised by finish() on the caller's thread
+
+    def _writing(self) -> bool:
+        return self.check is not None and not self.check.problems and not self.problem
+
+    def open(self, relative: str) -> None:
         try:
-            for offset, data in _chunks(group, peer, size_bytes, buffer, what):
-                if file_check is not None:
-                    file_check.update(data)
-                if fd >= 0 and not problem and not (check is not None and check.problems):
-                    problem = _write_chunk(fd, data, offset, path)
-            if file_check is not None:
-                file_check.close()
-            if fd >= 0 and not problem and check is not None and not check.problems:
-                problem = _synced(functools.partial(os.fsync, fd), path)
+            self._path = self.incoming / relative
+            self._file_check = self.check.file(relative) if self.check is not None else None
+            if self._writing():
+                self._fd, self.problem = _create(self.incoming, relative, self.directories)
+        except BaseException as exc:
+            self._error = self._error or exc
+
+    def write(self, data: memoryview, offset: int) -> None:
+        try:
+            if self._file_check is not None:
+                self._file_check.update(data)
+            if self._fd >= 0 and self._writing():
+                self.problem = _write_chunk(self._fd, data, offset, self._path)
+        except BaseException as exc:
+            self._error = self._error or exc
+
+    def close(self) -> None:
+        try:
+            if self._file_check is not None:
+                self._file_check.close()
+            if self._fd >= 0 and self._writing():
+                self.problem = _synced(functools.partial(os.fsync, self._fd), self._path)
+        except BaseException as exc:
+            self._error = self._error or exc
         finally:
-            if fd >= 0:
-                os.close(fd)
-    if check is None or problem:
+            if self._fd >= 0:
+                os.close(self._fd)
+            self._fd, self._file_check = -1, None
+
+    def finish(self, manifest: bytes) -> str:
+        """After the last file: the manifest and the directories made durable; why not usable."""
+        if self._error is not None:
+            raise self._error
+        if self.check is None or self.problem:
+            return self.problem
+        problem = _named(self.check.finish()) or _write_manifest(self.incoming, manifest)
+        for directory in sorted(self.directories, reverse=True):
+            problem = problem or _synced(functools.partial(_fsync_dir, directory), directory)
+        if not problem and self.check.bases:  # pieces in base snapshots: verify the whole copy with them
+            problem = _verified(self.incoming)
         return problem
-    problem = _named(check.finish()) or _write_manifest(incoming, bytes(manifest))
-    for directory in sorted(directories, reverse=True):
-        problem = problem or _synced(functools.partial(_fsync_dir, directory), directory)
-    if not problem and check.bases:  # pieces in base snapshots: verify the whole copy with them
-        problem = _verified(incoming)
-    return problem
-
-
-def _chunks(group: Group, peer: int, size_bytes: int, buffer: Any, what: str) -> Iterator[tuple[int, memoryview]]:
-    """Receive ``size_bytes`` through ``buffer``: each chunk's offset and bytes, valid until the next."""
-    view = memoryview(buffer.numpy())
-    offset = 0
-    while offset < size_bytes:
-        n = min(len(view), size_bytes - offset)
-        group.receive_from(buffer[:n], peer, what)
-        yield offset, view[:n]
-        offset += n
 
 
 def _arrival_check(manifest: bytes, data_files: list[tuple[str, int]]) -> tuple[ArrivalCheck | None, str]:

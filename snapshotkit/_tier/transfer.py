@@ -15,7 +15,7 @@ messages; a JSON message is an int64 length, then that many uint8 bytes):
    receiver already holds a committed copy (``ok``), or refuses the header or cannot write.
 3. body: every file in the header's order (the manifest first, so that the receiver checks the
    data objects' bytes against it as they arrive), in messages of at most ``chunk_bytes``
-   through one buffer reused for the whole round.
+   through two buffers reused for the whole round (one is filled while the other is sent or written).
 4. trailer, sender to receiver: ``{"ok", "reason"}``, false when a file could not be read in full
    (the bytes sent in its place were padding, so that both sides stay in step).
 5. outcome, receiver to sender: ``{"ok", "reason"}``, once the copy is verified and in place.
@@ -29,6 +29,7 @@ verified copy; a receiver killed midway leaves at most an incoming directory.
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import os
 import pathlib
@@ -38,7 +39,7 @@ from typing import Any
 
 from snapshotkit._dist import Group, resolve_group
 from snapshotkit._format.pieces import METADATA_FILENAME
-from snapshotkit._tier.receive import receive
+from snapshotkit._tier.receive import Buffers, receive
 from snapshotkit._tier.wire import (
     INCOMING_INFIX,
     Transfer,
@@ -80,7 +81,7 @@ def send_and_receive(
         transfers: the round, the same list on every rank.
         source_dir: where the sender of a transfer finds the snapshot to send.
         target_dir: where the receiver of a transfer puts its copy.
-        chunk_bytes: the largest message of file bytes (the one buffer this rank holds for them).
+        chunk_bytes: the largest message of file bytes (this rank holds two buffers of it).
         timeout_s: how long each wait for the peer may last; the peer may first have to finish
             transfers earlier in the list, and the sender waits for the receiver's verification.
 
@@ -97,7 +98,7 @@ def send_and_receive(
             incoming copy this rank was receiving is removed; the target stays as it was.
     """
     group = _checked_group(pg, rank, transfers, chunk_bytes, timeout_s)
-    buffer: Any = None
+    buffers: Buffers = ()
     outcomes = []
     # IMPORTANT: every rank walks the same list in the same order, and a transfer involves its
     # sender and receiver only, each blocking until the other answers. So no wait can go on for
@@ -108,14 +109,14 @@ def send_and_receive(
     for transfer in transfers:
         if rank not in (transfer.sender, transfer.receiver):
             continue
-        if buffer is None:
+        if not buffers:
             import torch
 
-            buffer = torch.empty(chunk_bytes, dtype=torch.uint8)
+            buffers = [torch.empty(chunk_bytes, dtype=torch.uint8) for _ in range(2)]
         if rank == transfer.sender:
-            outcomes.append(_send(group, transfer, source_dir(transfer), buffer))
+            outcomes.append(_send(group, transfer, source_dir(transfer), buffers))
         else:
-            outcomes.append(receive(group, transfer, target_dir(transfer), buffer))
+            outcomes.append(receive(group, transfer, target_dir(transfer), buffers))
     return outcomes
 
 
@@ -141,7 +142,7 @@ def _checked_group(pg: Any, rank: int, transfers: Sequence[Transfer], chunk_byte
 # ------------------------------------------------------------------ the sender
 
 
-def _send(group: Group, transfer: Transfer, source: pathlib.Path, buffer: Any) -> TransferOutcome:
+def _send(group: Group, transfer: Transfer, source: pathlib.Path, buffers: Buffers) -> TransferOutcome:
     what = describe(transfer)
     peer = transfer.receiver
     try:
@@ -155,8 +156,7 @@ def _send(group: Group, transfer: Transfer, source: pathlib.Path, buffer: Any) -
     reply = receive_json(group, peer, what)
     if reply.get("send") is not True:
         return TransferOutcome(transfer, *ok_reason(reply))
-    problems = [_send_file(group, peer, source, relative, size_bytes, buffer, what) for relative, size_bytes in files]
-    problems = [problem for problem in problems if problem]
+    problems = _send_files(group, peer, source, files, buffers, what)
     send_json(group, peer, {"ok": not problems, "reason": "; ".join(problems)}, what)
     return TransferOutcome(transfer, *ok_reason(receive_json(group, peer, what)))
 
@@ -185,33 +185,65 @@ def _raise(error: OSError) -> None:
     raise error
 
 
-def _send_file(
-    group: Group, peer: int, source: pathlib.Path, relative: str, size_bytes: int, buffer: Any, what: str
-) -> str:
-    """Send ``size_bytes`` of the file, padding in place of what cannot be read; say why there was any."""
-    path = source / relative
-    view = memoryview(buffer.numpy())
-    file = None
-    problem = ""
-    try:
-        file = open(path, "rb", buffering=0, opener=_open_no_follow)  # noqa: SIM115 - closed below
-    except OSError as exc:
-        problem = f"the sender could not read {path}: {exc}"
-    try:
-        offset = 0
-        while offset < size_bytes:
-            n = min(len(view), size_bytes - offset)
-            filled = 0
-            if file is not None and not problem:
-                filled, problem = _fill(file, view[:n], path, offset, size_bytes)
-            if filled < n:
-                buffer[filled:n].zero_()
-            group.send_to(buffer[:n], peer, what)
-            offset += n
-    finally:
-        if file is not None:
-            file.close()
-    return problem
+def _send_files(
+    group: Group, peer: int, source: pathlib.Path, files: list[tuple[str, int]], buffers: Buffers, what: str
+) -> list[str]:
+    """Send every file's bytes, padding in place of what cannot be read; why there was any.
+
+    Double-buffered: a reader thread reads the next chunk into one buffer while this thread
+    sends the previous one out of the other (no collective runs on the reader)."""
+    chunks = [
+        (relative, size_bytes, offset, min(len(buffers[0]), size_bytes - offset))
+        for relative, size_bytes in files
+        for offset in range(0, size_bytes, len(buffers[0]))
+    ]
+    reader = _Reader(source)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshotkit-tier-send") as worker:
+        read = [worker.submit(reader.read, *chunk, buffers[k]) for k, chunk in enumerate(chunks[: len(buffers)])]
+        try:
+            for k, (_, _, _, n) in enumerate(chunks):
+                slot = k % len(buffers)
+                read[slot].result()
+                group.send_to(buffers[slot][:n], peer, what)
+                if k + len(buffers) < len(chunks):  # the buffer just sent takes the chunk after the next
+                    read[slot] = worker.submit(reader.read, *chunks[k + len(buffers)], buffers[slot])
+        finally:
+            worker.submit(reader.close)
+    return [reader.problems[relative] for relative, _ in files if reader.problems.get(relative)]
+
+
+class _Reader:
+    """Reads the files of a snapshot chunk by chunk, in order (on one thread)."""
+
+    def __init__(self, source: pathlib.Path) -> None:
+        self.source = source
+        #: Why a file could not be read in full (its missing bytes were sent as zeros).
+        self.problems: dict[str, str] = {}
+        self._relative: str | None = None
+        self._file: Any = None
+
+    def read(self, relative: str, size_bytes: int, offset: int, n: int, buffer: Any) -> None:
+        """Fill ``buffer[:n]`` with the file's bytes from ``offset`` (zeros for what cannot be read)."""
+        path = self.source / relative
+        if relative != self._relative:
+            self.close()
+            self._relative = relative
+            try:
+                self._file = open(path, "rb", buffering=0, opener=_open_no_follow)  # noqa: SIM115 - closed in close()
+            except OSError as exc:
+                self.problems[relative] = f"the sender could not read {path}: {exc}"
+        filled = 0
+        if self._file is not None and relative not in self.problems:
+            filled, problem = _fill(self._file, memoryview(buffer.numpy())[:n], path, offset, size_bytes)
+            if problem:
+                self.problems[relative] = problem
+        if filled < n:
+            buffer[filled:n].zero_()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def _open_no_follow(path: str, flags: int) -> int:
