@@ -140,6 +140,9 @@ def _restore_local(
         if source.source == Source.PEER and source.holder is not None
     ]
     outcomes = tier.exchange_copies(fetches) if fetches else []
+    # a copy of this rank's own that arrived is this rank's copy of that step from now on (also when
+    # another rank's fetch failed and an older step is restored: a later save of this step keeps it)
+    tier.saved.update(o.transfer.step for o in outcomes if o.ok and o.transfer.receiver == o.transfer.owner == rank)
     failed_fetches = [o.transfer for o in outcomes if not o.ok and o.transfer.receiver == rank]
     bad = group.exchange([(t.step, t.owner, t.sender) for t in failed_fetches], None, "restore_latest: fetching copies")
     if any(bad):

@@ -156,6 +156,40 @@ def test_a_damaged_copy_and_a_missing_source_fail_without_a_target_and_the_round
     assert sorted(p.name for p in (node1 / f"step_{STEP}").iterdir()) == ["rank_2", "rank_3"]
 
 
+def _flipped_in_transit(rank: int, world: int, base: str) -> list[tuple[Transfer, bool, str]]:
+    _take_own(base, rank)
+    pg = dist.new_group(backend="gloo")  # every rank's snapshot is taken
+    if rank == 2:  # one bit of the first data chunk flips between the sender's disk and the receiver's
+        manifest_chunks = -(-(_copy(base, STEP, 0, 0) / ".snapshot_metadata").stat().st_size // 1024)
+        original = Group.receive_from
+        body = itertools.count()
+
+        def flipping(self: Group, tensor: Any, peer: int, what: str) -> None:
+            original(self, tensor, peer, what)
+            if tensor.untyped_storage().nbytes() == 1024 and next(body) == manifest_chunks:
+                tensor[0] ^= 0x10
+
+        Group.receive_from = flipping  # type: ignore[method-assign]  # in this rank's process only
+    transfers = [Transfer(STEP, 0, 0, 2), Transfer(STEP, 1, 1, 3)]
+    outcomes = send_and_receive(
+        pg, rank, transfers, _source(base), _target(base), chunk_bytes=1024, timeout_s=TIMEOUT_S
+    )
+    return _summary(outcomes)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_chunk_damaged_in_transit_is_caught_on_arrival_and_no_copy_is_placed(tmp_path: Path) -> None:
+    results = run_ranks(WORLD, _flipped_in_transit, str(tmp_path))
+    damaged = results[2][0]
+    assert results[0] == [damaged]
+    assert damaged[0] == Transfer(STEP, 0, 0, 2)
+    assert not damaged[1] and "verification" in damaged[2] and "checksum mismatch" in damaged[2], damaged
+    assert results[1] == results[3] == [(Transfer(STEP, 1, 1, 3), True, "")]
+    step_dir = _root(str(tmp_path), 2) / f"step_{STEP}"
+    assert sorted(p.name for p in step_dir.iterdir()) == ["rank_1", "rank_2", "rank_3"]  # no rank_0, no incoming
+
+
 # ------------------------------------------------------------------ a peer lost midway
 
 
