@@ -54,6 +54,11 @@ from snapshotkit.errors import ConfigError, InvalidArgumentError
 
 __all__ = ["INCOMING_INFIX", "Transfer", "TransferOutcome", "is_incoming", "send_and_receive"]
 
+#: How far ahead of the chunk it reads the sender asks the kernel to read a file into the page cache.
+_READ_AHEAD_BYTES = 64 << 20
+#: The bytes one read-ahead hint covers.
+_ADVICE_BYTES = 2 << 20
+
 
 def send_and_receive(
     pg: Any,
@@ -221,6 +226,7 @@ class _Reader:
         self.problems: dict[str, str] = {}
         self._relative: str | None = None
         self._file: Any = None
+        self._advised = 0  # the current file's bytes before this were advised to be read ahead
 
     def read(self, relative: str, size_bytes: int, offset: int, n: int, buffer: Any) -> None:
         """Fill ``buffer[:n]`` with the file's bytes from ``offset`` (zeros for what cannot be read)."""
@@ -234,16 +240,35 @@ class _Reader:
                 self.problems[relative] = f"the sender could not read {path}: {exc}"
         filled = 0
         if self._file is not None and relative not in self.problems:
+            self._read_ahead(offset + n, size_bytes)
             filled, problem = _fill(self._file, memoryview(buffer.numpy())[:n], path, offset, size_bytes)
             if problem:
                 self.problems[relative] = problem
         if filled < n:
             buffer[filled:n].zero_()
 
+    def _read_ahead(self, start: int, size_bytes: int) -> None:
+        """Ask the kernel to read the file's next :data:`_READ_AHEAD_BYTES` from ``start`` into the
+        page cache in the background (a copy that is not cached streams from the disk while the
+        chunks before it are sent), in calls of :data:`_ADVICE_BYTES`: Linux reads ahead at most
+        about its read-ahead window per call."""
+        advise = getattr(os, "posix_fadvise", None)
+        end = min(start + _READ_AHEAD_BYTES, size_bytes)
+        start = max(start, self._advised)
+        if advise is None or start >= end:
+            return
+        try:
+            for at in range(start, end, _ADVICE_BYTES):
+                advise(self._file.fileno(), at, min(_ADVICE_BYTES, end - at), os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # a hint the kernel declined
+        self._advised = end
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._advised = 0
 
 
 def _open_no_follow(path: str, flags: int) -> int:
