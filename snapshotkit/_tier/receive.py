@@ -7,15 +7,18 @@ slices the page cache takes cheaply, with the disk asked to start writing each c
 
 IMPORTANT: the copy is renamed to its target only when every piece verified, every byte was
 written, and every file (the manifest, written last) and directory was fsynced; the rename is
-then fsynced in the parent before the sender is told. A target path is therefore either absent
-or a complete, verified, durable copy; a receiver killed midway leaves at most an incoming
-directory, without a manifest, which :func:`~.wire.is_incoming` lets the local root's clean-up
-recognize. A copy whose pieces are partly in base snapshots (incremental) is, in addition,
-verified whole with its bases (:func:`~snapshotkit.verify.verify_snapshot`) before the rename.
+then fsynced in the parent before the sender is told. The data objects' fsyncs wait until the
+last byte has arrived (their writeback runs meanwhile), so that a busy disk does not hold up the
+receiving. A target path is therefore either absent or a complete, verified, durable copy; a
+receiver killed midway leaves at most an incoming directory, which :func:`~.wire.is_incoming`
+lets the local root's clean-up recognize. A copy whose pieces are partly in base snapshots
+(incremental) is, in addition, verified whole with its bases
+(:func:`~snapshotkit.verify.verify_snapshot`) before the rename.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import functools
 import os
@@ -46,6 +49,9 @@ __all__ = ["Buffers", "checked_files", "receive"]
 
 #: The buffers a transfer's chunks go through: uint8 tensors of the chunk size, two.
 Buffers = Sequence[Any]
+
+#: Files written and still open for their fsync, at most (the copy's are fsynced together at its end).
+_UNSYNCED_FILES = 64
 
 #: Problems of a damaged copy named in an outcome's reason (the rest are counted).
 _PROBLEMS_NAMED = 3
@@ -149,21 +155,24 @@ def _receive_copy(
     writer = _CopyWriter(incoming, check, problem)
     views = [memoryview(buffer.numpy()) for buffer in buffers]
     in_use: list[concurrent.futures.Future[None] | None] = [None] * len(buffers)
-    # leaving the block waits for the writer, also when a receive raised: the caller then removes
-    # the incoming copy, which nothing writes to any more
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshotkit-tier-receive") as worker:
-        chunks = 0
-        for relative, size_bytes in data_files:
-            worker.submit(writer.open, relative)
-            for offset, n in _chunk_sizes(size_bytes, len(views[0])):
-                slot = chunks % len(buffers)
-                chunks += 1
-                if in_use[slot] is not None:
-                    in_use[slot].result()  # type: ignore[union-attr]  # its bytes are written out
-                group.receive_from(buffers[slot][:n], peer, what)
-                in_use[slot] = worker.submit(writer.write, views[slot][:n], offset)
-            worker.submit(writer.close)
-    return writer.finish(bytes(manifest))
+    try:
+        # leaving the block waits for the writer, also when a receive raised: the caller then removes
+        # the incoming copy, which nothing writes to any more
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshotkit-tier-receive") as worker:
+            chunks = 0
+            for relative, size_bytes in data_files:
+                worker.submit(writer.open, relative)
+                for offset, n in _chunk_sizes(size_bytes, len(views[0])):
+                    slot = chunks % len(buffers)
+                    chunks += 1
+                    if in_use[slot] is not None:
+                        in_use[slot].result()  # type: ignore[union-attr]  # its bytes are written out
+                    group.receive_from(buffers[slot][:n], peer, what)
+                    in_use[slot] = worker.submit(writer.write, views[slot][:n], offset)
+                worker.submit(writer.close)
+        return writer.finish(bytes(manifest))
+    finally:
+        writer.release()
 
 
 def _chunk_sizes(size_bytes: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
@@ -184,6 +193,7 @@ class _CopyWriter:
         self._fd = -1
         self._path = incoming
         self._file_check: FileCheck | None = None
+        self._unsynced: collections.deque[tuple[int, pathlib.Path]] = collections.deque()  # written, open
         self._error: BaseException | None = None  # a bug, raised by finish() on the caller's thread
 
     def _writing(self) -> bool:
@@ -208,22 +218,35 @@ class _CopyWriter:
             self._error = self._error or exc
 
     def close(self) -> None:
+        """The file's bytes are all written: its fsync is left for :meth:`finish` (its writeback runs
+        meanwhile), except for the oldest of more than :data:`_UNSYNCED_FILES` files left so."""
         try:
             if self._file_check is not None:
                 self._file_check.close()
-            if self._fd >= 0 and self._writing():
-                self.problem = _synced(functools.partial(os.fsync, self._fd), self._path)
+            if self._fd >= 0:
+                self._unsynced.append((self._fd, self._path))
+            while len(self._unsynced) > _UNSYNCED_FILES:
+                self._sync_oldest()
         except BaseException as exc:
             self._error = self._error or exc
         finally:
-            if self._fd >= 0:
-                os.close(self._fd)
             self._fd, self._file_check = -1, None
 
+    def _sync_oldest(self) -> None:
+        fd, path = self._unsynced.popleft()
+        try:
+            if self._writing():
+                self.problem = _synced(functools.partial(os.fsync, fd), path)
+        finally:
+            os.close(fd)
+
     def finish(self, manifest: bytes) -> str:
-        """After the last file: the manifest and the directories made durable; why not usable."""
+        """After the last file: every file fsynced, then the manifest and the directories; why
+        the copy is not usable, or ``""``."""
         if self._error is not None:
             raise self._error
+        while self._unsynced:
+            self._sync_oldest()
         if self.check is None or self.problem:
             return self.problem
         problem = _named(self.check.finish()) or _write_manifest(self.incoming, manifest)
@@ -232,6 +255,14 @@ class _CopyWriter:
         if not problem and self.check.bases:  # pieces in base snapshots: verify the whole copy with them
             problem = _verified(self.incoming)
         return problem
+
+    def release(self) -> None:
+        """Close every file still open (the copy is abandoned, or :meth:`finish` has run)."""
+        for fd in [self._fd, *(fd for fd, _ in self._unsynced)]:
+            if fd >= 0:
+                os.close(fd)
+        self._fd = -1
+        self._unsynced.clear()
 
 
 def _arrival_check(manifest: bytes, data_files: list[tuple[str, int]]) -> tuple[ArrivalCheck | None, str]:
