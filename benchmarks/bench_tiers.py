@@ -81,8 +81,9 @@ NOTES = {
     "recovery": "restore_latest on every rank from a barrier, async_executor=None (no prepare_async warm-up "
     "in the timing), page cache warm as the previous steps left it (os.sync() before each)",
     "transfer_s": "time inside LocalTier.exchange_copies during restore_latest (peers sending the replicas, "
-    "verified on arrival and fsynced into the receiver's local root), measured by wrapping that method in the "
-    "benchmark's rank processes; the rest of a peers restore is listing, agreeing and restoring the local copies",
+    "checked as they arrive and fsynced into the receiver's local root), measured by wrapping that method in the "
+    "benchmark's rank processes; node A's ranks restore their own copies meanwhile, so the rest of a peers restore "
+    "is listing, agreeing and node B's ranks restoring the copies they received",
     "durable_bytes": "the durable step 4 is SnapshotManager(incremental=True) taking against step 2 after a "
     "local save of the same step: an incremental durable take from the trainer's memory, NOT a promotion "
     "copied from the local tier (that does not exist)",

@@ -132,30 +132,45 @@ def _restore_local(
     tried: list[Attempt],
 ) -> TierRestore | None:
     """Fetch the peers' copies ``decision`` needs, then restore this rank's; None when a copy
-    was damaged on some rank (``excluded`` and ``tried`` grow: decide again)."""
+    was damaged on some rank (``excluded`` and ``tried`` grow: decide again).
+
+    A rank that restores its own copy does so while the peers' copies travel (the tier's thread
+    sends and receives them on its own group): the fetches are mostly I/O and the network, and
+    the ranks waiting for a copy restore only once it has arrived intact. Should a copy fail to
+    arrive, those early restores count as an attempt that wrote into the state."""
     step, rank = decision.step, group.rank
+    source = decision.sources[rank]
     fetches = [
-        Transfer(step, owner, source.holder, owner)
-        for owner, source in enumerate(decision.sources)
-        if source.source == Source.PEER and source.holder is not None
+        Transfer(step, owner, peer.holder, owner)
+        for owner, peer in enumerate(decision.sources)
+        if peer.source == Source.PEER and peer.holder is not None
     ]
-    outcomes = tier.exchange_copies(fetches) if fetches else []
+    early: tuple[RestoreReport | None, BaseException | None] | None = None
+    if fetches and source.source == Source.LOCAL:
+        travelling = tier.exchange_copies_in_background(fetches)
+        try:
+            early = _restore_copy(tier, step, app_state, restore_kwargs)
+        finally:
+            outcomes = travelling.result()
+    else:
+        outcomes = tier.exchange_copies(fetches) if fetches else []
+    # a copy of this rank's own that arrived is this rank's copy of that step from now on (also when
+    # another rank's fetch failed and an older step is restored: a later save of this step keeps it)
+    tier.saved.update(o.transfer.step for o in outcomes if o.ok and o.transfer.receiver == o.transfer.owner == rank)
     failed_fetches = [o.transfer for o in outcomes if not o.ok and o.transfer.receiver == rank]
-    bad = group.exchange([(t.step, t.owner, t.sender) for t in failed_fetches], None, "restore_latest: fetching copies")
-    if any(bad):
-        for copies in bad:
+    wrote = early is not None and (early[1] is None or state_touched(early[1]))
+    bad = group.exchange(
+        ([(t.step, t.owner, t.sender) for t in failed_fetches], wrote), None, "restore_latest: fetching copies"
+    )
+    if any(copies for copies, _ in bad):
+        for copies, _ in bad:
             excluded.update(tuple(c) for c in copies)
         why = "a peer's copy did not arrive intact"
-        tried.extend(Attempt(step, str(tier.copy_path(step)), why, False) for _ in failed_fetches)
+        touched = any(w for _, w in bad)
+        attempts = max(len(failed_fetches), 1 if touched else 0)  # every rank knows the state was written
+        tried.extend(Attempt(step, str(tier.copy_path(step)), why, touched) for _ in range(attempts))
         return None
-    source = decision.sources[rank]
-    error: BaseException | None = None
-    report: RestoreReport | None = None
-    try:
-        with _events.step_scope(step):
-            report = tier.snapshot(step).restore(app_state, **restore_kwargs)
-    except Exception as exc:
-        error = exc
+    report, error = early if early is not None else _restore_copy(tier, step, app_state, restore_kwargs)
     mine = (verdict(error), state_touched(error)) if error is not None else ("ok", False)
     # a failure that is not damage (a state that does not match...) would fail on every copy alike:
     # the failing rank raises it, the others a RankFailedError naming it
@@ -184,3 +199,14 @@ def _restore_local(
     assert report is not None
     sources = tuple(s.source.value for s in decision.sources)
     return TierRestore(step, source.source.value, sources, report)
+
+
+def _restore_copy(
+    tier: LocalTier, step: int, app_state: Any, restore_kwargs: Mapping[str, Any]
+) -> tuple[RestoreReport | None, BaseException | None]:
+    """Restore this rank's local copy of ``step``: the report, or the error it raised."""
+    try:
+        with _events.step_scope(step):
+            return tier.snapshot(step).restore(app_state, **restore_kwargs), None
+    except Exception as exc:
+        return None, exc

@@ -11,7 +11,8 @@ IMPORTANT: the replication thread is the one place where snapshotkit uses ``torc
 off the caller's thread, and it does so on a gloo group of its own (:attr:`LocalTier.copy_group`),
 created collectively here and used by that one thread per rank only, in step order on every
 rank, so its point-to-point transfers never interleave with the caller's collectives. Restores
-(:mod:`.recover`) use the same group from the caller's thread, after draining the thread.
+(:mod:`.recover`) use the same group after draining the thread: from the caller's thread, or
+from the tier's thread while the caller restores its own copy.
 """
 
 from __future__ import annotations
@@ -182,6 +183,15 @@ class LocalTier:
             lambda t: self.root.copy_path(t.step, t.owner),
             timeout_s=timeout_s,
         )
+
+    def exchange_copies_in_background(
+        self, transfers: list[Transfer]
+    ) -> concurrent.futures.Future[list[TransferOutcome]]:
+        """:meth:`exchange_copies` on the tier's thread (drained first: the copies go in list order
+        there too), for the caller's thread to restore meanwhile."""
+        self.drain()
+        future = self._pool().submit(self.exchange_copies, transfers)
+        return future
 
     # ------------------------------------------------------------------ background work
 

@@ -23,11 +23,11 @@ from typing import Any
 
 from snapshotkit._config import Config, snapshot_path
 from snapshotkit._format.entries import Entry
+from snapshotkit._runtime.filewrite import fsync_path
 from snapshotkit._runtime.frames import drop_frames
 from snapshotkit._runtime.progress import ByteProgress, check_progress
 from snapshotkit.convert import _to_safetensors, _to_torch, _to_transformers
 from snapshotkit.convert._export_source import Source, Written, select_flat, select_tree
-from snapshotkit.convert._stream import fsync_path
 from snapshotkit.errors import Advice, ConfigError, ExportExistsError, InvalidArgumentError
 
 #: The formats ``export_snapshot(to=...)`` writes.

@@ -13,39 +13,21 @@ streamed alone in sub-ranges with a running checksum. At most the memory budget 
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import dataclasses
 import math
-import os
-import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
-from typing import Any
 
 from snapshotkit._format.dtypes import RAW_ITEMSIZE
 from snapshotkit._format.entries import Piece, ShardedTensorEntry, TensorEntry
 from snapshotkit._format.sharded import Box, piece_boxes
 from snapshotkit._restore.fetch import PieceRead
+from snapshotkit._runtime.filewrite import pwrite_all, start_writeback
 from snapshotkit.convert._export_source import Source
 
 #: ``consume(offset within the piece, bytes)``: writes verified bytes of a piece out.
 PieceConsumer = Callable[[int, memoryview], None]
-#: The largest single write, ending at a multiple of this in the file (see :func:`pwrite_all`).
-WRITE_SLICE_BYTES = 64 << 10
 #: The largest window: larger ones only delay the first write and the last.
 MAX_WINDOW_BYTES = 64 << 20
-
-
-def pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
-    """Write all of ``data`` at ``offset`` of the file ``fd``, in slices that end at multiples of
-    :data:`WRITE_SLICE_BYTES` in the file, as the kernel's own copy (``copy_file_range``, splice)
-    writes: writes of several MiB into new page cache took up to 4x more kernel time on the
-    benchmark machine (ext4 in a VM, docs/benchmarks.md "Export"), and the syscalls are cheap."""
-    view = memoryview(data)
-    while view.nbytes:
-        length = min(view.nbytes, WRITE_SLICE_BYTES - offset % WRITE_SLICE_BYTES)
-        written = os.pwrite(fd, view[:length], offset)
-        view, offset = view[written:], offset + written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,49 +107,7 @@ def _write_window(fd: int, buffer: memoryview, placed: Sequence[tuple[Span, int]
     start the disk writing it back, so that the final ``fsync`` finds little left to wait for."""
     for span, position in placed:
         span.write(0, buffer[position : position + span.piece.nbytes])
-    _start_writeback(fd)
-
-
-def _libc(name: str, *argtypes: Any) -> Any:
-    """The Linux libc function ``name`` (returning a C int), or None elsewhere or without it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = getattr(ctypes.CDLL(None, use_errno=True), name)
-    except (OSError, AttributeError):  # pragma: no cover - a libc without it
-        return None
-    function.argtypes = list(argtypes)
-    function.restype = ctypes.c_int
-    return function
-
-
-_sync_file_range = _libc("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-_fallocate = _libc("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-_SYNC_FILE_RANGE_WRITE = 2
-
-
-def _start_writeback(fd: int) -> None:
-    """Start writing back every dirty page of the file without waiting for it (Linux
-    ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; errors surface at the final ``fsync``)."""
-    if _sync_file_range is not None:
-        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
-
-
-def fsync_path(path: Path) -> None:
-    """Make ``path`` (a file, or a directory's entries) durable; a failure is raised."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def preallocate(fd: int, size_bytes: int) -> None:
-    """Give the file its blocks and size up front where the file system can (Linux ``fallocate``;
-    never glibc's emulation, which writes zeros): buffered writes into allocated blocks cost
-    noticeably less kernel time than into a growing file (docs/benchmarks.md "Export")."""
-    if _fallocate is not None and size_bytes > 0:
-        _fallocate(fd, 0, 0, size_bytes)  # refused (EOPNOTSUPP...): the writes allocate as they go
+    start_writeback(fd)
 
 
 def contiguous_writer(fd: int, start: int) -> PieceConsumer:

@@ -37,9 +37,10 @@ from snapshotkit._format.entries import Entry, ShardedTensorEntry, TensorEntry
 from snapshotkit._format.serialization import RAW
 from snapshotkit._plan.flatten import unescape_key
 from snapshotkit._restore.fetch import Claim
+from snapshotkit._runtime.filewrite import fsync_path, preallocate, pwrite_all
 from snapshotkit._text import first_few
 from snapshotkit.convert._export_source import Skipped, Source, Written, describe
-from snapshotkit.convert._stream import copy_pieces, fsync_path, preallocate, pwrite_all, spans
+from snapshotkit.convert._stream import copy_pieces, spans
 from snapshotkit.errors import ConfigError
 
 #: snapshotkit dtype -> safetensors dtype, for every dtype ``safetensors.torch`` loads.

@@ -37,8 +37,8 @@ from typing import Any
 from snapshotkit._format.entries import Entry, TensorEntry
 from snapshotkit._format.serialization import RAW
 from snapshotkit._plan.flatten import unescape_key
+from snapshotkit._runtime.filewrite import pwrite_all
 from snapshotkit.convert._export_source import Skipped
-from snapshotkit.convert._stream import pwrite_all
 from snapshotkit.convert._to_safetensors import key_of
 from snapshotkit.errors import Advice, ConfigError, InvalidArgumentError
 

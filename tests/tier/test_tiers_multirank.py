@@ -153,6 +153,38 @@ def test_damaged_copy_and_its_replica_fall_back_to_an_older_intact_step(tmp_path
     assert {r["source"] for r in results} <= {"local", "peer", "durable"}
 
 
+def _resume_with_a_replica_damaged_in_transit(rank: int, world: int, root: str, locals_: str) -> dict[str, Any]:
+    """Run 2 on a replaced node B: the first data chunk of the first replica rank 2 receives has
+    one bit flipped between the peer's disk and rank 2's."""
+    if rank == 2:
+        from snapshotkit._dist import Group
+
+        original = Group.receive_from
+        flipped = []
+
+        def flipping(self: Group, tensor: Any, peer: int, what: str) -> None:
+            original(self, tensor, peer, what)
+            # a body chunk (in the transfer's 16 MiB buffer) after the manifest's (which starts '{')
+            if not flipped and tensor.untyped_storage().nbytes() == 16 << 20 and tensor[0] != ord("{"):
+                tensor[-1] ^= 0x01
+                flipped.append(what)
+
+        Group.receive_from = flipping  # type: ignore[method-assign]
+    return _resume(rank, world, root, locals_, 1)
+
+
+def test_a_replica_damaged_in_transit_is_never_used(tmp_path: Path) -> None:
+    root, locals_ = tmp_path / "durable", tmp_path / "local"
+    run_ranks(WORLD, _train, str(root), str(locals_), 1, 7, False)
+    shutil.rmtree(locals_ / "B")
+    _drop_durable_data(root)  # only the local tier can serve: step 4, the older replicas
+    results = run_ranks(WORLD, _resume_with_a_replica_damaged_in_transit, str(root), str(locals_))
+    assert [r["step"] for r in results] == [4] * WORLD
+    assert all(r["exact"] for r in results)
+    assert [r["source"] for r in results] == ["local", "local", "peer", "peer"]
+    assert not [p for p in locals_.rglob("*") if ".incoming-" in p.name]
+
+
 def _resume_then_die_in_a_local_save(rank: int, world: int, root: str, locals_: str, victim: int) -> str:
     """Run 2: resume, train on to step 8, and on rank ``victim`` SIGKILL the process in the middle
     of the local save of step 8 (after staging, before the copy commits)."""
@@ -218,21 +250,21 @@ def _resume_then_die_receiving_a_replica(rank: int, world: int, root: str, local
     receiving a peer's replica of step 8 (after the first bytes are written)."""
     import signal
 
-    from snapshotkit._tier import transfer
+    from snapshotkit._tier import receive
 
     mgr = _manager(rank, root, locals_, 1)
     state = StateDict(w=torch.zeros(64), step=-1)
     assert mgr.restore_latest({"s": state}) == 6
     if rank == victim:
-        write = transfer._write_all
+        write = receive._write_chunk
 
-        def write_then_die(fd: int, data: memoryview, path: Path) -> str:
+        def write_then_die(fd: int, data: memoryview, offset: int, path: Path) -> str:
             if "step_8" in str(path):
-                write(fd, data[: len(data) // 2], path)
+                write(fd, data[: len(data) // 2], offset, path)
                 os.kill(os.getpid(), signal.SIGKILL)
-            return write(fd, data, path)
+            return write(fd, data, offset, path)
 
-        transfer._write_all = write_then_die  # type: ignore[assignment]
+        receive._write_chunk = write_then_die  # type: ignore[assignment]
     return _train_to_step_8(mgr, state)
 
 

@@ -22,6 +22,7 @@ from multirank._harness import run_ranks
 
 from snapshotkit import Snapshot, StateDict
 from snapshotkit._dist import Group, own_process_group
+from snapshotkit._tier import receive as receive_module
 from snapshotkit._tier import transfer as transfer_module
 from snapshotkit._tier.transfer import Transfer, TransferOutcome, is_incoming, send_and_receive
 from snapshotkit.errors import CollectiveTimeoutError, ConfigError, InvalidArgumentError, RankFailedError
@@ -155,6 +156,40 @@ def test_a_damaged_copy_and_a_missing_source_fail_without_a_target_and_the_round
     assert sorted(p.name for p in (node1 / f"step_{STEP}").iterdir()) == ["rank_2", "rank_3"]
 
 
+def _flipped_in_transit(rank: int, world: int, base: str) -> list[tuple[Transfer, bool, str]]:
+    _take_own(base, rank)
+    pg = dist.new_group(backend="gloo")  # every rank's snapshot is taken
+    if rank == 2:  # one bit of the first data chunk flips between the sender's disk and the receiver's
+        manifest_chunks = -(-(_copy(base, STEP, 0, 0) / ".snapshot_metadata").stat().st_size // 1024)
+        original = Group.receive_from
+        body = itertools.count()
+
+        def flipping(self: Group, tensor: Any, peer: int, what: str) -> None:
+            original(self, tensor, peer, what)
+            if tensor.untyped_storage().nbytes() == 1024 and next(body) == manifest_chunks:
+                tensor[0] ^= 0x10
+
+        Group.receive_from = flipping  # type: ignore[method-assign]  # in this rank's process only
+    transfers = [Transfer(STEP, 0, 0, 2), Transfer(STEP, 1, 1, 3)]
+    outcomes = send_and_receive(
+        pg, rank, transfers, _source(base), _target(base), chunk_bytes=1024, timeout_s=TIMEOUT_S
+    )
+    return _summary(outcomes)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_chunk_damaged_in_transit_is_caught_on_arrival_and_no_copy_is_placed(tmp_path: Path) -> None:
+    results = run_ranks(WORLD, _flipped_in_transit, str(tmp_path))
+    damaged = results[2][0]
+    assert results[0] == [damaged]
+    assert damaged[0] == Transfer(STEP, 0, 0, 2)
+    assert not damaged[1] and "verification" in damaged[2] and "checksum mismatch" in damaged[2], damaged
+    assert results[1] == results[3] == [(Transfer(STEP, 1, 1, 3), True, "")]
+    step_dir = _root(str(tmp_path), 2) / f"step_{STEP}"
+    assert sorted(p.name for p in step_dir.iterdir()) == ["rank_1", "rank_2", "rank_3"]  # no rank_0, no incoming
+
+
 # ------------------------------------------------------------------ a peer lost midway
 
 
@@ -273,23 +308,25 @@ def test_arguments_are_checked_before_anything_is_sent(tmp_path: Path) -> None:
         [["x", 1], ["x", 1]],
         [["x"]],
         "x",
+        [],  # no manifest
+        [["data/x", 1], [".snapshot_metadata", 3]],  # the manifest not first: nothing to check the data against
     ],
 )
 def test_a_file_list_that_could_leave_the_copy_is_refused(files: object) -> None:
-    accepted, reason = transfer_module._checked_files(files)
+    accepted, reason = receive_module.checked_files(files)
     assert accepted == [] and "nothing was written" in reason
 
 
 def test_a_plain_file_list_is_accepted() -> None:
-    files = [["data/0_00000_ab", 10], [".snapshot_metadata", 3]]
-    assert transfer_module._checked_files(files) == ([("data/0_00000_ab", 10), (".snapshot_metadata", 3)], "")
+    files = [[".snapshot_metadata", 3], ["data/0_00000_ab", 10]]
+    assert receive_module.checked_files(files) == ([(".snapshot_metadata", 3), ("data/0_00000_ab", 10)], "")
 
 
 def test_a_snapshot_holding_a_symlink_is_not_sent(tmp_path: Path) -> None:
     source = tmp_path / "snap"
     Snapshot.take(str(source), {"s": StateDict({"x": torch.ones(3)})})
     files, reason = transfer_module._listing(source)
-    assert files[-1][0] == ".snapshot_metadata" and not reason
+    assert files[0][0] == ".snapshot_metadata" and not reason  # first: the receiver checks the rest against it
     (source / "data" / "link").symlink_to(tmp_path)
     files, reason = transfer_module._listing(source)
     assert files == [] and f"holds {source / 'data' / 'link'}, which is not a regular file" in reason
