@@ -24,6 +24,7 @@ from snapshotkit._format.entries import (
     TensorEntry,
     is_shared,
 )
+from snapshotkit._format.sharded import is_sharded
 from snapshotkit._plan.flatten import Flattened, escape_key, flatten, inflate, join_path
 from snapshotkit._restore.columns import ColumnView, plan_column_leaves
 from snapshotkit._restore.fits import describe_mismatch, tensor_matches
@@ -232,15 +233,30 @@ def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor
 
     A tensor on the meta device has no memory (filling it would silently do nothing); an
     inference tensor takes no in-place update outside inference mode (torch's rule, kept even
-    where a read into its memory would bypass it, so every layout and object is refused alike); a module's
-    ``load_state_dict()`` refuses a tensor of another shape even with ``strict=False``, after
-    other tensors were already filled in place.
+    where a read into its memory would bypass it); a tensor whose elements share memory cannot
+    hold distinct values; a module's ``load_state_dict()`` refuses a tensor of another shape
+    even with ``strict=False``, after other tensors were already filled in place. A
+    ``DTensor``/``ShardedTensor`` is checked shard by shard as its reads are planned.
     """
     if destination.is_meta:
         raise StateMismatchError(
             f"cannot restore {logical_path!r} into a tensor on the meta device: it has no memory to load into. "
             "Materialize the object first (e.g. module.to_empty(device='cpu')), then restore"
         )
+    if not is_sharded(destination):  # a ShardedTensor answers none of these
+        _check_plain_destination(logical_path, entry, destination, module=module)
+    if module and not isinstance(entry, (TensorEntry, ShardedTensorEntry)):
+        raise not_a_tensor(logical_path, entry)
+    shape = getattr(entry, "shape", None)
+    if module and shape is not None and tuple(destination.shape) != tuple(shape):
+        raise StateMismatchError(
+            f"cannot restore {logical_path!r}: the snapshot has shape {list(shape)}, the module's tensor shape "
+            f"{list(destination.shape)}, and a module's load_state_dict() refuses other shapes even with "
+            "strict=False. Build the module with the saved shapes, or read the value with Snapshot.read_object()"
+        )
+
+
+def _check_plain_destination(logical_path: str, entry: Entry, destination: torch.Tensor, *, module: bool) -> None:
     # inside inference mode torch allows updating one in place: a contiguous CPU one is read into
     # directly (other layouts and devices are copied into on worker threads, outside the mode)
     if destination.is_inference() and not (
@@ -265,15 +281,6 @@ def check_destination(logical_path: str, entry: Entry, destination: torch.Tensor
             f"cannot restore {logical_path!r} into a tensor whose elements share memory (an expand()ed, "
             f"unfold()ed or as_strided view, strides {list(destination.stride())}): it cannot hold distinct values. "
             "Restore into a tensor of its own memory (e.g. .clone() or .contiguous() it first)"
-        )
-    if module and not isinstance(entry, (TensorEntry, ShardedTensorEntry)):
-        raise not_a_tensor(logical_path, entry)
-    shape = getattr(entry, "shape", None)
-    if module and shape is not None and tuple(destination.shape) != tuple(shape):
-        raise StateMismatchError(
-            f"cannot restore {logical_path!r}: the snapshot has shape {list(shape)}, the module's tensor shape "
-            f"{list(destination.shape)}, and a module's load_state_dict() refuses other shapes even with "
-            "strict=False. Build the module with the saved shapes, or read the value with Snapshot.read_object()"
         )
 
 
