@@ -208,19 +208,24 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None]:
     if leftovers:
         listed = "\n".join(f"  {name}" for name in leftovers[:_LISTED_LEFTOVERS])
         more = f"\n  ... and {len(leftovers) - _LISTED_LEFTOVERS} more" if len(leftovers) > _LISTED_LEFTOVERS else ""
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         message = (
             f"the test run left {len(leftovers)} {'entry' if len(leftovers) == 1 else 'entries'} in its temp "
             f"directory {private} (removed now); whatever made them must clean up:\n{listed}{more}"
         )
-        if reporter is not None:
-            reporter.write_sep("=", "leftovers in the temp directory", red=True, bold=True)
-            reporter.write_line(message)
-        else:
-            sys.stderr.write(message + "\n")
-        if session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        _fail_run(session, "leftovers in the temp directory", message)
     return result
+
+
+def _fail_run(session: pytest.Session, title: str, message: str) -> None:
+    """Report ``message`` under ``title`` at the end of the run, and make the run fail."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", title, red=True, bold=True)
+        reporter.write_line(message)
+    else:
+        sys.stderr.write(message + "\n")
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _check_shared_memory(session: pytest.Session) -> None:
@@ -232,11 +237,4 @@ def _check_shared_memory(session: pytest.Session) -> None:
     if not leaked:
         return
     message = _leaked_shm_message(leaked, "the test run") + " (made by another program, if one ran meanwhile)"
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_sep("=", "leaked shared memory", red=True, bold=True)
-        reporter.write_line(message)
-    else:
-        sys.stderr.write(message + "\n")
-    if session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _fail_run(session, "leaked shared memory", message)
