@@ -36,10 +36,12 @@ class VerifyProblem(NamedTuple):
         logical_path: the logical path (``"model/layer1.weight"``); ``"<rank>/<logical path>"``
             when several ranks took the snapshot; ``""`` for the manifest itself.
         location: the data object (or ``.snapshot_metadata``) holding the bad bytes.
-        kind: ``"checksum"`` (bytes differ from their checksum), ``"truncated"`` (the data object
-            ends before the piece), ``"missing"`` (the data object does not exist), ``"refused"``
-            (the data object is not a regular file inside the snapshot) or ``"manifest"`` (the
-            manifest fails its integrity check or is malformed: nothing else could be checked).
+        kind: ``"checksum"`` (bytes differ from their checksum), ``"hash"`` (the checksum
+            matches, the content hash does not), ``"truncated"`` (the data object ends before the
+            piece), ``"missing"`` (the data object does not exist), ``"base"`` (the base snapshot
+            holding it is gone, replaced or damaged), ``"refused"`` (the data object is not a
+            regular file inside the snapshot) or ``"manifest"`` (the manifest fails its integrity
+            check or is malformed: nothing else could be checked).
         message: what is wrong, as a restore would say it.
     """
 

@@ -6,7 +6,8 @@ A peer sends a copy manifest first (:mod:`.transfer`), so the receiver knows eve
 buffer, in the order they arrive, instead of reading the written copy back
 (:func:`~snapshotkit.verify.verify_snapshot`): the same checks, one pass fewer over the bytes.
 
-IMPORTANT: a piece counts as verified only once every one of its bytes was fed and both its
+Problems are :class:`~snapshotkit.verify.VerifyProblem` values, as ``verify_snapshot`` reports
+them. IMPORTANT: a piece counts as verified only once every one of its bytes was fed and both its
 checksum and its hash (where the manifest has one) matched; anything short of that, a data
 object that never arrived, one that ends before a piece, is a problem. Pieces an incremental take
 left in a base snapshot are not in the copy: :attr:`ArrivalCheck.bases` says that there are some,
@@ -22,18 +23,9 @@ from typing import Any
 from snapshotkit._format.checksum import content_hasher, crc32c, finish_hash, format_checksum, parse_checksum
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._inspect.pieces import StoredPiece, display_path, stored_pieces
+from snapshotkit.verify import VerifyProblem
 
-__all__ = ["ArrivalCheck", "FileCheck", "Problem"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """A piece that did not verify: its data object, what is wrong (``"checksum"``, ``"hash"``,
-    ``"truncated"``, ``"missing"``), and a message naming its logical path."""
-
-    location: str
-    kind: str
-    message: str
+__all__ = ["ArrivalCheck", "FileCheck"]
 
 
 class ArrivalCheck:
@@ -45,7 +37,7 @@ class ArrivalCheck:
     """
 
     def __init__(self, metadata: SnapshotMetadata, sizes: Mapping[str, int]) -> None:
-        self.problems: list[Problem] = []
+        self.problems: list[VerifyProblem] = []
         #: Whether some pieces are in base snapshots (not checked here).
         self.bases = False
         self._by_location: dict[str, list[tuple[StoredPiece, str]]] = {}
@@ -58,11 +50,14 @@ class ArrivalCheck:
             size_bytes = sizes.get(piece.location)
             if size_bytes is None:
                 self.problems.append(
-                    Problem(piece.location, "missing", f"data object {piece.location!r} of {name!r} was not sent")
+                    VerifyProblem(
+                        name, piece.location, "missing", f"data object {piece.location!r} of {name!r} was not sent"
+                    )
                 )
             elif piece.byte_range[1] > size_bytes:
                 self.problems.append(
-                    Problem(
+                    VerifyProblem(
+                        name,
                         piece.location,
                         "truncated",
                         f"data object {piece.location!r} ends at byte {size_bytes}, before the end of "
@@ -78,11 +73,13 @@ class ArrivalCheck:
         self._started.add(location)
         return FileCheck(location, self._by_location.get(location, []), self.problems)
 
-    def finish(self) -> list[Problem]:
+    def finish(self) -> list[VerifyProblem]:
         """Every problem found; call once every data object was fed and closed."""
         for location, pieces in self._by_location.items():
             if location not in self._started:  # listed but never fed: the caller stopped early
-                self.problems.extend(Problem(location, "missing", f"{name!r} was not received") for _, name in pieces)
+                self.problems.extend(
+                    VerifyProblem(name, location, "missing", f"{name!r} was not received") for _, name in pieces
+                )
         return self.problems
 
 
@@ -100,7 +97,7 @@ class _Running:
 class FileCheck:
     """Checks one data object's pieces from its bytes, fed in order (:meth:`update`)."""
 
-    def __init__(self, location: str, pieces: list[tuple[StoredPiece, str]], problems: list[Problem]) -> None:
+    def __init__(self, location: str, pieces: list[tuple[StoredPiece, str]], problems: list[VerifyProblem]) -> None:
         self.location = location
         self._waiting = sorted(pieces, key=lambda item: item[0].piece.byte_range, reverse=True)  # next one last
         self._running: list[_Running] = []
@@ -111,9 +108,7 @@ class FileCheck:
         """Feed the next ``len(data)`` bytes of the data object."""
         end = self._position + len(data)
         while self._waiting and self._waiting[-1][0].piece.byte_range[0] < end:
-            stored, name = self._waiting.pop()
-            hasher = content_hasher() if stored.piece.hash is not None else None
-            self._running.append(_Running(stored, name, hasher=hasher))
+            self._start_next()
         finished = []
         for running in self._running:
             start, stop = running.stored.piece.byte_range
@@ -135,9 +130,7 @@ class FileCheck:
         """The data object ended: every piece not yet whole is a problem (then its last pieces
         with no bytes, which only now are known to be at its end, are judged)."""
         while self._waiting and self._waiting[-1][0].piece.byte_range[0] <= self._position:
-            stored, name = self._waiting.pop()
-            hasher = content_hasher() if stored.piece.hash is not None else None
-            self._running.append(_Running(stored, name, hasher=hasher))
+            self._start_next()
         for running in self._running:
             if running.done == running.stored.piece.nbytes:
                 self._judge(running)
@@ -147,9 +140,16 @@ class FileCheck:
             self._truncated(stored, name)
         self._running, self._waiting = [], []
 
+    def _start_next(self) -> None:
+        """Begin the CRC (and hash) of the next waiting piece, the one that starts first."""
+        stored, name = self._waiting.pop()
+        hasher = content_hasher() if stored.piece.hash is not None else None
+        self._running.append(_Running(stored, name, hasher=hasher))
+
     def _truncated(self, stored: StoredPiece, name: str) -> None:
         self._problems.append(
-            Problem(
+            VerifyProblem(
+                name,
                 self.location,
                 "truncated",
                 f"data object {self.location!r} ended at byte {self._position}, before the end of {name!r} "
@@ -161,7 +161,8 @@ class FileCheck:
         piece = running.stored.piece
         if running.crc != parse_checksum(piece.checksum):
             self._problems.append(
-                Problem(
+                VerifyProblem(
+                    running.name,
                     self.location,
                     "checksum",
                     f"checksum mismatch for logical path {running.name!r}: bytes {list(piece.byte_range)} of data "
@@ -170,7 +171,8 @@ class FileCheck:
             )
         elif running.hasher is not None and (found := finish_hash(running.hasher)) != piece.hash:
             self._problems.append(
-                Problem(
+                VerifyProblem(
+                    running.name,
                     self.location,
                     "hash",
                     f"content hash mismatch for logical path {running.name!r}: bytes {list(piece.byte_range)} of "

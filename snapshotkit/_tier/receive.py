@@ -32,7 +32,7 @@ from snapshotkit._dist import Group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.pieces import METADATA_FILENAME
 from snapshotkit._runtime.filewrite import pwrite_all, start_writeback
-from snapshotkit._tier.arrival import ArrivalCheck, FileCheck, Problem
+from snapshotkit._tier.arrival import ArrivalCheck, FileCheck
 from snapshotkit._tier.wire import (
     INCOMING_INFIX,
     Transfer,
@@ -43,7 +43,7 @@ from snapshotkit._tier.wire import (
     send_json,
 )
 from snapshotkit.errors import SnapshotkitError
-from snapshotkit.verify import verify_snapshot
+from snapshotkit.verify import VerifyProblem, verify_snapshot
 
 __all__ = ["Buffers", "checked_files", "receive"]
 
@@ -276,7 +276,7 @@ def _arrival_check(manifest: bytes, data_files: list[tuple[str, int]]) -> tuple[
         return None, f"the copy does not open as a snapshot, so it was deleted: {exc}"
 
 
-def _named(problems: list[Problem]) -> str:
+def _named(problems: Sequence[VerifyProblem]) -> str:
     if not problems:
         return ""
     named = "; ".join(f"{p.location} ({p.kind}): {p.message}" for p in problems[:_PROBLEMS_NAMED])
@@ -341,8 +341,7 @@ def _verified(incoming: pathlib.Path) -> str:
         report = verify_snapshot(str(incoming))
     except (SnapshotkitError, OSError) as exc:
         return f"the copy does not open as a snapshot, so it was deleted: {exc}"
-    problems = [Problem(p.location, p.kind, p.message) for p in report.problems]
-    return _named(problems)
+    return _named(report.problems)
 
 
 def _place(incoming: pathlib.Path, target: pathlib.Path) -> str:

@@ -19,7 +19,8 @@ from snapshotkit._format.checksum import content_hash, crc32c, format_checksum
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.pieces import METADATA_FILENAME, Piece
 from snapshotkit._inspect.pieces import StoredPiece, stored_pieces
-from snapshotkit._tier.arrival import ArrivalCheck, FileCheck, Problem
+from snapshotkit._tier.arrival import ArrivalCheck, FileCheck
+from snapshotkit.verify import VerifyProblem
 
 FAST = settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -46,7 +47,7 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> tuple[SnapshotMetadata
     return metadata, files
 
 
-def _feed(check: ArrivalCheck, files: dict[str, bytes], cuts: list[int]) -> list[Problem]:
+def _feed(check: ArrivalCheck, files: dict[str, bytes], cuts: list[int]) -> list[VerifyProblem]:
     """Every data object's bytes, cut at ``cuts`` (taken modulo each object's size)."""
     for location, data in files.items():
         file = check.file(location)
@@ -117,7 +118,7 @@ def test_a_checksum_that_matches_with_a_wrong_hash_is_a_hash_problem() -> None:
         Piece("d", (20, 100), format_checksum(crc32c(data[20:])), "xxh3-128:" + "0" * 32),  # overlaps the first
         Piece("d", (100, 100), format_checksum(0)),  # empty, at the very end
     ]
-    problems: list[Problem] = []
+    problems: list[VerifyProblem] = []
     file = FileCheck("d", [(StoredPiece(p, (f"0/p{i}",)), f"p{i}") for i, p in enumerate(pieces)], problems)
     for start in range(0, 100, 7):
         file.update(memoryview(data)[start : start + 7])
