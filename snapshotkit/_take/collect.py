@@ -291,8 +291,6 @@ def _describe_tensor(
         or tensor.layout != torch.strided
         or tensor.is_quantized
     ):  # else RAW, what tensor_serializer() says, without its calls: this runs once per tensor
-        if tensor.is_nested:  # a jagged one (a subclass)
-            return _describe_nested(path, tensor, payloads)
         serializer = tensor_serializer(tensor)
         if serializer != RAW:
             payloads.append(Payload.of_bytes(_serialize(path, tensor)))
@@ -301,7 +299,8 @@ def _describe_tensor(
     dtype, itemsize = raw
     try:
         shape = tuple(tensor.shape)
-    except RuntimeError:  # a strided nested tensor has no shape (checked here: free when none raises)
+    except RuntimeError:  # a strided nested tensor (type Tensor: the common path) has no shape; a jagged
+        # one is a subclass, found by describe_state (checked here: free when none raises)
         if tensor.is_nested:
             return _describe_nested(path, tensor, payloads)
         raise
