@@ -60,10 +60,10 @@ def overlapping_memory(
     strided: Sequence[tuple[torch.Tensor, str]] = (),
 ) -> None:
     """Refuse in-place destinations whose memory overlaps (module docstring), CPU and CUDA ones
-    (one virtual address space): ``spans`` ``(address, nbytes, logical path)`` and the
-    ``runs``' destinations are contiguous memory,
-    ``strided`` ``(tensor, logical path)`` non-contiguous tensors; none the very same memory as
-    another with the same view (tied destinations are read once, or compared).
+    (one virtual address space): ``spans`` ``(address, nbytes, logical path)`` and the ``runs``'
+    destinations are contiguous memory, ``strided`` ``(tensor, logical path)`` non-contiguous
+    tensors; none the very same memory as another with the same view (tied destinations are read
+    once, or compared).
 
     Raises:
         StateMismatchError: naming two logical paths whose memory overlaps.

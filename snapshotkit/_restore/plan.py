@@ -290,9 +290,8 @@ def not_a_tensor(logical_path: str, entry: Entry) -> StateMismatchError:
     article = "an" if entry.kind[0] in "aeiou" else "a"
     return StateMismatchError(
         f"cannot restore {logical_path!r}: the module has a tensor there, the snapshot {article} {entry.kind}, and "
-        "a module's "
-        "load_state_dict() accepts only tensors for its parameters and buffers, even with strict=False. Restore "
-        "from a snapshot of this module, or read the saved value with Snapshot.read_object()"
+        "a module's load_state_dict() accepts only tensors for its parameters and buffers, even with "
+        "strict=False. Restore from a snapshot of this module, or read the saved value with Snapshot.read_object()"
     )
 
 

@@ -182,7 +182,8 @@ class ProcessWriter:
         self._segments.put(bucket_bytes(staged.plan.nbytes), staged.handle)
 
     def _discard_segment(self, segment: shared_memory.SharedMemory) -> None:
-        """Free a segment the pool does not keep: the daemon unmaps it, this process unlinks it."""
+        """Free a segment the pool does not keep: the daemon unmaps it, this process unmaps it (its
+        name went when it was made: the memory goes with the last mapping)."""
         with contextlib.suppress(OSError, ValueError), self._send_lock:
             if segment.name in self._sent_segments:
                 self._sent_segments.discard(segment.name)
