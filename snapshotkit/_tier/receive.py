@@ -31,7 +31,7 @@ from typing import Any
 from snapshotkit._dist import Group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.pieces import METADATA_FILENAME
-from snapshotkit._runtime.filewrite import pwrite_all, start_writeback
+from snapshotkit._runtime.filewrite import fsync_path, pwrite_all, start_writeback
 from snapshotkit._tier.arrival import ArrivalCheck, FileCheck
 from snapshotkit._tier.wire import (
     INCOMING_INFIX,
@@ -251,7 +251,7 @@ class _CopyWriter:
             return self.problem
         problem = _named(self.check.finish()) or _write_manifest(self.incoming, manifest)
         for directory in sorted(self.directories, reverse=True):
-            problem = problem or _synced(functools.partial(_fsync_dir, directory), directory)
+            problem = problem or _synced(functools.partial(fsync_path, directory), directory)
         if not problem and self.check.bases:  # pieces in base snapshots: verify the whole copy with them
             problem = _verified(self.incoming)
         return problem
@@ -327,14 +327,6 @@ def _synced(sync: Callable[[], None], path: pathlib.Path) -> str:
     return ""
 
 
-def _fsync_dir(path: pathlib.Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _verified(incoming: pathlib.Path) -> str:
     """Why the copy at ``incoming``, with its bases, is not an intact snapshot, or ``""``."""
     try:
@@ -355,7 +347,7 @@ def _place(incoming: pathlib.Path, target: pathlib.Path) -> str:
         elif target.exists():
             shutil.rmtree(target)
         os.rename(incoming, target)
-        _fsync_dir(target.parent)
+        fsync_path(target.parent)
     except OSError as exc:
         return f"the receiver could not put its copy at {target}: {exc}"
     return ""
