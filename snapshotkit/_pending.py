@@ -10,15 +10,27 @@ the facade and the facade imports it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._take.job import TakeJob
 
-__all__ = ["PendingTake"]
+__all__ = ["BackgroundJob", "PendingTake"]
 
 #: What the take becomes once committed (a :class:`~snapshotkit.Snapshot` for ``PendingSnapshot``).
 R = TypeVar("R")
+
+
+class BackgroundJob(Protocol):
+    """What a :class:`PendingTake` waits on: a :class:`~snapshotkit._take.job.TakeJob`, or the local
+    tier's promotion of a copy (:class:`~snapshotkit._tier.promote.PromotionJob`)."""
+
+    path: str
+    #: Whether this rank's take holds a sharded tensor.
+    holds_sharded: bool
+
+    def done(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> SnapshotMetadata | None: ...
 
 
 class PendingTake(Generic[R]):
@@ -35,7 +47,7 @@ class PendingTake(Generic[R]):
         pg: the process group of the take.
     """
 
-    def __init__(self, job: TakeJob, pg: Any, committed: Callable[[SnapshotMetadata | None], R]) -> None:
+    def __init__(self, job: BackgroundJob, pg: Any, committed: Callable[[SnapshotMetadata | None], R]) -> None:
         self.path = job.path
         self.pg = pg
         self._job = job
@@ -48,6 +60,11 @@ class PendingTake(Generic[R]):
     def done(self) -> bool:
         """Whether the background work finished (committed, or failed)."""
         return self._job.done()
+
+    @property
+    def holds_sharded(self) -> bool:
+        """Whether this rank's part of the take holds a sharded tensor (``ShardedTensor``, ``DTensor``)."""
+        return self._job.holds_sharded
 
     def wait(self, timeout: float | None = None) -> R:
         """Block until the take is committed and return what ``committed`` makes of it; raise what

@@ -108,6 +108,10 @@ class SnapshotManager:
         local_replicas: also keep each rank's local save on this many other nodes (sent over the
             process group after it committed), so that a lost node's state is served by a peer.
             Nodes are told apart by host name, or ``SNAPSHOTKIT_NODE_ID``.
+        local_promote: a ``save(async_take=True)`` of a step due on both tiers takes the durable
+            snapshot from the verified local copy, in the background, instead of from memory
+            again: the loop waits for the local save alone (not with sharded tensors, nor for a
+            preemption notice's save).
 
     With neither ``keep_last`` nor ``keep_best``, nothing is ever deleted. The newest snapshot is
     always kept. Only snapshots a manager wrote are deleted: anything else under the root (a
@@ -142,6 +146,7 @@ class SnapshotManager:
         local_interval_steps: int | None = None,
         local_keep_last: int = 2,
         local_replicas: int = 0,
+        local_promote: bool = True,
     ) -> None:
         self.root = snapshot_path(root).rstrip("/")
         self.incremental, self.full_every = check_incremental(incremental, full_every)
@@ -152,7 +157,9 @@ class SnapshotManager:
             raise InvalidArgumentError(f"cleanup_incomplete must be True or False, got {cleanup_incomplete!r}")
         if async_executor is not None and async_executor not in EXECUTORS:
             raise ConfigError(f"async_executor must be one of {EXECUTORS} or None, got {async_executor!r}")
-        tier_options = check_tier_options(local_root, local_interval_steps, local_keep_last, local_replicas)
+        tier_options = check_tier_options(
+            local_root, local_interval_steps, local_keep_last, local_replicas, local_promote
+        )
         self.pg, self.async_executor = pg, async_executor
         self._options = dict(storage_options or {})
         if async_executor == "process":
@@ -353,8 +360,10 @@ class SnapshotManager:
         path = self.snapshot_path(step)
         common: dict[str, Any] = {"pg": self.pg, "storage_options": self._options, "metadata": user_metadata}
         with _events.step_scope(step):
-            if async_take:
-                result: Snapshot | PendingSnapshot = Snapshot.async_take(path, app_state, **common, **take_kwargs)
+            if local is not None and async_take and not preemption and self._tier.can_promote(local):  # type: ignore[union-attr]
+                result: Snapshot | PendingSnapshot = self._tier.promote(step, path, self.pg, take_kwargs, common)  # type: ignore[union-attr]
+            elif async_take:
+                result = Snapshot.async_take(path, app_state, **common, **take_kwargs)
             else:
                 result = Snapshot.take(path, app_state, **common, **take_kwargs)
         self._steps.add(step)

@@ -25,15 +25,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from snapshotkit import _events
 from snapshotkit._config import Config
-from snapshotkit._dist import Group, own_process_group
+from snapshotkit._dist import Group, own_process_group, resolve_group
+from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import METADATA_FILENAME
 from snapshotkit._lifecycle.removal import remove_snapshot
 from snapshotkit._tier.local import LocalRoot, local_root_path
 from snapshotkit._tier.nodes import NodeMap, node_id, replica_holders
+from snapshotkit._tier.promote import PromotionJob, copy_state, promotable, verify_copy
 from snapshotkit._tier.transfer import Transfer, TransferOutcome, send_and_receive
 from snapshotkit.errors import ConfigError, InvalidArgumentError
-from snapshotkit.snapshot import PendingSnapshot, Snapshot
+from snapshotkit.snapshot import PendingSnapshot, Snapshot, pending_snapshot
 from snapshotkit.stateful import AppState
 
 __all__ = ["LocalTier", "TierOptions", "check_tier_options"]
@@ -54,6 +57,7 @@ class LocalTier:
     def __init__(self, group: Group, options: TierOptions) -> None:
         self.group, self.interval_steps = group, options.interval_steps
         self.keep_last, self.replicas = options.keep_last, options.replicas
+        self.promote_copies = options.promote
         error: BaseException | None = None
         node = ""
         try:
@@ -170,6 +174,42 @@ class LocalTier:
         except BaseException as exc:
             self._keep(f"replicating the local save of step {step}", exc)
 
+    def can_promote(self, local: Snapshot | PendingSnapshot) -> bool:
+        """Whether the durable save of the step ``local`` is this rank's local save of can be
+        promoted from the local copies, on every rank (a collective on the caller's thread)."""
+        mine = self.promote_copies and promotable(local)
+        return all(self.group.exchange(mine, None, "SnapshotManager.save: can every rank promote its local copy"))
+
+    def promote(
+        self, step: int, path: str, pg: Any, take_kwargs: Mapping[str, Any], common: Mapping[str, Any]
+    ) -> PendingSnapshot:
+        """Take the durable snapshot ``path`` of ``step`` from this rank's local copy, on the tier's
+        thread once the copy is replicated (:mod:`.promote`). Every rank calls it for the same step;
+        ``take_kwargs`` and ``common`` are the durable take's (``base``, ``replicated``,
+        ``metadata``, ``storage_options``...; ``pg`` and ``executor`` are not used: the take runs
+        on the tier's own group and thread). ``pg`` is the manager's, for the snapshot returned."""
+        kwargs = {k: v for k, v in {**take_kwargs, **common}.items() if k not in ("pg", "executor")}
+        future = self._pool().submit(self._promote, step, path, kwargs)
+        return pending_snapshot(PromotionJob(path, future), pg, dict(common.get("storage_options") or {}))
+
+    def _promote(self, step: int, path: str, take_kwargs: dict[str, Any]) -> SnapshotMetadata | None:
+        pg = self.copy_group if self.copy_group is not None else self.group.pg
+        state: dict[str, Any] = {}
+        error: BaseException | None = None
+        try:
+            verify_copy(self.copy_path(step))
+            state = copy_state(self.snapshot(step), self.copy_path(step))
+        except Exception as exc:
+            error = exc
+        timeout_s = Config.resolve().collective_timeout_seconds
+        resolve_group(pg, timeout_seconds=timeout_s).exchange(
+            None, error, f"promoting step {step} from the local tier", "nothing was written to the durable tier"
+        )
+        with _events.step_scope(step):
+            snapshot = Snapshot.take(path, state, pg=pg, **take_kwargs)
+        _log.info("local tier: step %d promoted to %s", step, path)
+        return snapshot.metadata if self.group.rank == 0 else None
+
     def exchange_copies(self, transfers: list[Transfer]) -> list[TransferOutcome]:
         """Run ``transfers`` between the ranks' local roots over :attr:`copy_group` (every rank
         calls it with the same list)."""
@@ -231,10 +271,11 @@ class TierOptions:
     interval_steps: int
     keep_last: int
     replicas: int
+    promote: bool = True
 
 
 def check_tier_options(
-    local_root: object, interval_steps: object, keep_last: object, replicas: object
+    local_root: object, interval_steps: object, keep_last: object, replicas: object, promote: object = True
 ) -> TierOptions | None:
     """The local tier's options, or None without a ``local_root``; raised before anything runs.
 
@@ -257,4 +298,6 @@ def check_tier_options(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
-    return TierOptions(root, int(interval_steps), int(keep_last), int(replicas))  # type: ignore[call-overload]
+    if not isinstance(promote, bool):
+        raise InvalidArgumentError(f"local_promote must be True or False, got {promote!r}")
+    return TierOptions(root, int(interval_steps), int(keep_last), int(replicas), promote)  # type: ignore[call-overload]
