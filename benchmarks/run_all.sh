@@ -16,7 +16,7 @@ PYTHON=${PYTHON:-python}
 out="benchmarks/results/$(date +%F)-$(git rev-parse --short HEAD)"
 mkdir -p "$out"
 all="local small_entries objectstore async concurrent_async incremental dist shared_restore reshard
-     plan_cache plan_scale manager should_save tiers import convert stress_kill"
+     plan_cache plan_scale manager should_save tiers promotion import convert stress_kill"
 status=0
 for name in ${BENCHES:-$all}; do
     script="benchmarks/bench_$name.py"
