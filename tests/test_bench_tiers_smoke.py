@@ -55,3 +55,21 @@ def test_bench_tiers_rejects_bad_arguments(tmp_path: Path) -> None:
         proc = subprocess.run([*cmd, *bad], capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0, bad
         assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_tiers_local_dir(tmp_path: Path) -> None:
+    """``--local-dir``: the local roots live in a fresh directory under it, removed at the end."""
+    local = tmp_path / "local-parent"
+    stdout, report = run_quick("bench_tiers.py", tmp_path, "--parts", "recovery", "--local-dir", str(local),
+                               timeout_s=280)  # fmt: skip
+    config = report["config"]
+    assert Path(config["local_root_parent"]).parent.parent == local
+    assert config["local_fs"] and f"local roots: {config['local_root_parent']}/" in stdout
+    assert report["footprint"]["disk_bytes"] < report["footprint"]["local_bytes"]  # the local roots counted apart
+    recovery = report["recovery"]
+    assert recovery["local_bytes_after_setup"] > 0
+    assert recovery["sources"]["peers"]["reported_sources"] == ["local", "local", "peer", "peer"]
+    assert all(s["verified"] for s in recovery["sources"].values())
+    assert not any(local.iterdir()), "the local roots' directory was left behind"
