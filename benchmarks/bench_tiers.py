@@ -26,9 +26,9 @@ tier is ``s3://`` on a loopback SeaweedFS, plus a local-disk root for comparison
     from the peers' replicas), from the durable ``s3://`` root, and from the durable local-disk
     root (managers without a local tier). Every restore is checked bit for bit and reports its
     step and ``last_restore_report.source``. Goal: peers at least 3x faster than ``s3://``.
-    The durable step 4 is an *incremental durable take* against step 2 (what exists today), not a
-    copy promoted from the local tier: the bytes and PUTs it uploaded are reported against the
-    full step 2.
+    The durable step 4 is an *incremental durable take* from memory against step 2 (the setup's
+    saves are synchronous, so none is promoted from the local tier; ``bench_promotion.py``
+    measures promotion): the bytes and PUTs it uploaded are reported against the full step 2.
 
 Usage::
 
@@ -90,8 +90,8 @@ NOTES = {
     "benchmark's rank processes; node A's ranks restore their own copies meanwhile, so the rest of a peers restore "
     "is listing, agreeing and node B's ranks restoring the copies they received",
     "durable_bytes": "the durable step 4 is SnapshotManager(incremental=True) taking against step 2 after a "
-    "local save of the same step: an incremental durable take from the trainer's memory, NOT a promotion "
-    "copied from the local tier (that does not exist)",
+    "local save of the same step, synchronously: an incremental durable take from the trainer's memory, not "
+    "promoted from the local tier (bench_promotion.py measures promotion)",
 }
 
 
@@ -343,7 +343,7 @@ def _time_transfers() -> list[float]:
 def _durable_bytes(store: Any, proxy: Any, args: Record, world: int) -> Record:
     """What durable steps 2 (full) and 4 (incremental, 10% changed) wrote: objects listed on the
     s3 root (and PUTs seen by the proxy), and files under the local-disk root."""
-    out: Record = {"changed_fraction": CHANGED_FRACTION, "kind": "incremental durable take (not a promotion)"}
+    out: Record = {"changed_fraction": CHANGED_FRACTION, "kind": "incremental durable take from memory"}
     specs = _specs(args, 0)
     out["state_bytes"] = W.state_bytes(specs) * world
     out["changed_bytes"] = _changed_elems(specs) * 4 * world
@@ -552,7 +552,7 @@ def render(report: Record) -> str:
             f" (goal s3/peers >= {GOALS['peers_speedup_min']}): {R.verdict(rec['goal_met'])}"
         )
         d = rec["durable_bytes"]
-        lines += ["", "-- durable step 4 with 10% changed: incremental durable take, not a promotion --"]
+        lines += ["", "-- durable step 4 with 10% changed: incremental durable take from memory --"]
         lines.append(f"changed since step 2: {R.fmt_bytes(d['changed_bytes'])} of {R.fmt_bytes(d['state_bytes'])}")
         if "s3_step_2" in d:
             for step, what in ((2, "full"), (4, "incremental")):

@@ -18,7 +18,7 @@ from snapshotkit.testing._servers import weed_binary
 @pytest.mark.timeout(300)
 def test_bench_tiers_smoke(tmp_path: Path) -> None:
     stdout, report = run_quick("bench_tiers.py", tmp_path, timeout_s=280)
-    for line in ("-- blocked per save", "-- recovery of node B", "incremental durable take, not a promotion"):
+    for line in ("-- blocked per save", "-- recovery of node B", "incremental durable take from memory"):
         assert line in stdout, stdout
     for key in ("cpu_model", "logical_cpus", "ram_bytes", "kernel", "python", "versions"):
         assert report["machine"].get(key), key
