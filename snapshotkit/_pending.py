@@ -25,8 +25,6 @@ class BackgroundJob(Protocol):
     tier's promotion of a copy (:class:`~snapshotkit._tier.promote.PromotionJob`)."""
 
     path: str
-    #: Whether this rank's take holds a sharded tensor.
-    holds_sharded: bool
 
     def done(self) -> bool: ...
 
@@ -60,11 +58,6 @@ class PendingTake(Generic[R]):
     def done(self) -> bool:
         """Whether the background work finished (committed, or failed)."""
         return self._job.done()
-
-    @property
-    def holds_sharded(self) -> bool:
-        """Whether this rank's part of the take holds a sharded tensor (``ShardedTensor``, ``DTensor``)."""
-        return self._job.holds_sharded
 
     def wait(self, timeout: float | None = None) -> R:
         """Block until the take is committed and return what ``committed`` makes of it; raise what

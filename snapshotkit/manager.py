@@ -360,7 +360,7 @@ class SnapshotManager:
         path = self.snapshot_path(step)
         common: dict[str, Any] = {"pg": self.pg, "storage_options": self._options, "metadata": user_metadata}
         with _events.step_scope(step):
-            if local is not None and async_take and not preemption and self._tier.can_promote(local):  # type: ignore[union-attr]
+            if local is not None and async_take and not preemption and self._tier.can_promote(step):  # type: ignore[union-attr]
                 result: Snapshot | PendingSnapshot = self._tier.promote(step, path, self.pg, take_kwargs, common)  # type: ignore[union-attr]
             elif async_take:
                 result = Snapshot.async_take(path, app_state, **common, **take_kwargs)

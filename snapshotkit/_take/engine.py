@@ -39,7 +39,7 @@ from snapshotkit._events import current_step, emit
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.pieces import Piece
 from snapshotkit._plan.layout import DataObjectPlan, PieceSlot
-from snapshotkit._plan.rank_plan import PendingSharded, TakePlan
+from snapshotkit._plan.rank_plan import TakePlan
 from snapshotkit._runtime.gc import gc_paused
 from snapshotkit._runtime.interrupt import future_result
 from snapshotkit._runtime.progress import ByteProgress
@@ -221,7 +221,6 @@ def run_prepared(
         step=step,
         started_s=started_s,
     )
-    job.holds_sharded = any(isinstance(entry, PendingSharded) for entry in prepared.plan.entries.values())
     job.progress.set_total(prepared.plan.nbytes)
     try:
         commit = CommitPlan(

@@ -66,8 +66,6 @@ class TakeJob:
         self.referenced_bytes = 0
         #: Written by a background writer (``async_take``): a failure is also logged as a warning.
         self.background = False
-        #: Whether this rank's entries hold a sharded tensor (set by the engine).
-        self.holds_sharded = False
         self.started_s = time.perf_counter() if started_s is None else started_s
         self._done = threading.Event()
         self._error: BaseException | None = None

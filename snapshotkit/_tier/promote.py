@@ -15,7 +15,8 @@ waits) and then, on the tier's thread, the durable snapshot *from that copy*:
 
 The copy is the state of the step, so the durable snapshot holds what a take from memory at that
 step would have held (tests compare both). A state with sharded tensors (``ShardedTensor``,
-``DTensor``) is never promoted: its durable take needs the live tensors (:func:`promotable`).
+``DTensor``) is never promoted: its copy holds only this rank's shards (:mod:`.shards`), and the
+durable take needs the live tensors.
 """
 
 from __future__ import annotations
@@ -39,17 +40,16 @@ from snapshotkit._format.entries import (
     ListEntry,
     ObjectEntry,
     PrimitiveEntry,
-    ShardedTensorEntry,
     TensorEntry,
     TupleEntry,
     join_path,
     unescape_key,
 )
 from snapshotkit.errors import IntegrityError, WaitTimeoutError
-from snapshotkit.snapshot import PendingSnapshot, Snapshot
+from snapshotkit.snapshot import Snapshot
 from snapshotkit.verify import verify_snapshot
 
-__all__ = ["PromotionJob", "copy_state", "promotable", "verify_copy"]
+__all__ = ["PromotionJob", "copy_state", "verify_copy"]
 
 #: Raw dtypes a copy's bytes are mapped as (plain numbers, whole bytes each); others are read.
 _MAPPED = frozenset(
@@ -57,13 +57,6 @@ _MAPPED = frozenset(
     | {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
     | {"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"}
 )
-
-
-def promotable(local: Snapshot | PendingSnapshot) -> bool:
-    """Whether this rank's local save can be promoted: it holds no sharded tensor."""
-    if isinstance(local, Snapshot):
-        return not any(isinstance(entry, ShardedTensorEntry) for entry in local.metadata.manifest.values())
-    return not local.holds_sharded
 
 
 def verify_copy(path: Path) -> None:
@@ -173,9 +166,6 @@ class PromotionJob:
         path: the durable snapshot being written.
         future: the tier thread's work; its result is rank 0's committed metadata (None elsewhere).
     """
-
-    #: A promotion is only made for a state without sharded tensors.
-    holds_sharded = False
 
     def __init__(self, path: str, future: concurrent.futures.Future[SnapshotMetadata | None]) -> None:
         self.path = path

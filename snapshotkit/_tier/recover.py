@@ -29,6 +29,7 @@ from snapshotkit._lifecycle.fallback import Attempt, partial_restore, reason, re
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._runtime.touched import state_touched
 from snapshotkit._tier.agreement import Decision, Holdings, Source, decide, describe
+from snapshotkit._tier.shards import check_layouts, own_shards
 from snapshotkit._tier.tier import LocalTier
 from snapshotkit._tier.transfer import Transfer
 
@@ -207,6 +208,9 @@ def _restore_copy(
     """Restore this rank's local copy of ``step``: the report, or the error it raised."""
     try:
         with _events.step_scope(step):
-            return tier.snapshot(step).restore(app_state, **restore_kwargs), None
+            copy = tier.snapshot(step)
+            view = own_shards(app_state)  # as the copy was taken: sharded tensors as their local shards
+            check_layouts(copy.metadata.user_metadata, view, str(tier.copy_path(step)))
+            return copy.restore(view.app_state, **restore_kwargs), None
     except Exception as exc:
         return None, exc

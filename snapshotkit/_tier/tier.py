@@ -33,7 +33,8 @@ from snapshotkit._format.entries import METADATA_FILENAME
 from snapshotkit._lifecycle.removal import remove_snapshot
 from snapshotkit._tier.local import LocalRoot, local_root_path
 from snapshotkit._tier.nodes import NodeMap, node_id, replica_holders
-from snapshotkit._tier.promote import PromotionJob, copy_state, promotable, verify_copy
+from snapshotkit._tier.promote import PromotionJob, copy_state, verify_copy
+from snapshotkit._tier.shards import TIER_KEY, own_shards
 from snapshotkit._tier.transfer import Transfer, TransferOutcome, send_and_receive
 from snapshotkit.errors import ConfigError, InvalidArgumentError
 from snapshotkit.snapshot import PendingSnapshot, Snapshot, pending_snapshot
@@ -79,6 +80,7 @@ class LocalTier:
         #: Steps this rank has (or is writing) a copy of its own for.
         self.saved = {step for step, owner in self.root.holdings() if owner == rank}
         self._called: set[int] = set()  # steps save() ran for in this process
+        self._sharded: set[int] = set()  # steps whose copy holds sharded tensors as local shards (never promoted)
 
     def __repr__(self) -> str:
         return f"LocalTier({str(self.root.root)!r}, every {self.interval_steps} steps, {self.replicas} replicas)"
@@ -126,15 +128,21 @@ class LocalTier:
         self._called.add(step)
         path = str(self.copy_path(step))
         self.copy_path(step).parent.mkdir(parents=True, exist_ok=True)
-        common: dict[str, Any] = {"pg": self.own_pg, "metadata": dict(metadata), **take_kwargs}
         if step in self.saved and (self.copy_path(step) / METADATA_FILENAME).is_file():
+            if _shard_layouts(self.snapshot(step)):
+                self._sharded.add(step)
             self._background.append(self._pool().submit(self._after_save, step, None))
             return self.snapshot(step)
         try:
+            view = own_shards(app_state)  # a sharded tensor as this rank's own shard
+            record = {**metadata, TIER_KEY: {"shards": view.layouts_json()}} if view.layouts else dict(metadata)
+            if view.layouts:
+                self._sharded.add(step)
+            common: dict[str, Any] = {"pg": self.own_pg, "metadata": record, **take_kwargs}
             if async_take:
-                result: Snapshot | PendingSnapshot = Snapshot.async_take(path, app_state, **common)
+                result: Snapshot | PendingSnapshot = Snapshot.async_take(path, view.app_state, **common)
             else:
-                result = Snapshot.take(path, app_state, **common)
+                result = Snapshot.take(path, view.app_state, **common)
         except BaseException:
             # the peers expect this step's transfers all the same: they learn there is no copy
             self._background.append(self._pool().submit(self._after_save, step, None))
@@ -174,10 +182,11 @@ class LocalTier:
         except BaseException as exc:
             self._keep(f"replicating the local save of step {step}", exc)
 
-    def can_promote(self, local: Snapshot | PendingSnapshot) -> bool:
-        """Whether the durable save of the step ``local`` is this rank's local save of can be
-        promoted from the local copies, on every rank (a collective on the caller's thread)."""
-        mine = self.promote_copies and promotable(local)
+    def can_promote(self, step: int) -> bool:
+        """Whether the durable save of ``step``, which :meth:`save` just took a local copy of, can
+        be promoted from the copies: on every rank, the option is on and the copy holds no
+        sharded tensor (a collective on the caller's thread)."""
+        mine = self.promote_copies and step not in self._sharded
         return all(self.group.exchange(mine, None, "SnapshotManager.save: can every rank promote its local copy"))
 
     def promote(
@@ -261,6 +270,12 @@ class LocalTier:
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshotkit-local-tier")
         return self._worker
+
+
+def _shard_layouts(copy: Snapshot) -> Any:
+    """What the copy's metadata records of its sharded tensors (None: it holds none)."""
+    record = copy.metadata.user_metadata.get(TIER_KEY)
+    return record.get("shards") if isinstance(record, Mapping) else None
 
 
 @dataclasses.dataclass(frozen=True)
