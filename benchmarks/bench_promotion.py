@@ -2,7 +2,8 @@
 
 ``--ranks`` (default 4) real gloo ranks play two nodes, as in ``bench_tiers.py``, each holding
 ``--bytes-per-rank`` (default 512 MiB: at the issue's 1 GiB a rank reached 5.2 GiB of anonymous
-memory and the 4 ranks did not fit in this machine's 23.5 GiB) of float32 tensors of ``--tensor-bytes``. Two managers save
+memory and the 4 ranks did not fit in this machine's 23.5 GiB) of float32 tensors of
+``--tensor-bytes``. Two managers save
 at every step (``save_interval_steps=1``, ``local_interval_steps=1``, ``local_replicas=1``,
 ``incremental=True``) to their own ``s3://`` root on a loopback SeaweedFS, through a proxy that
 counts every upload: *promoted* (the default, ``local_promote=True``: the durable step is taken
