@@ -45,7 +45,7 @@ from snapshotkit._format.entries import (
     join_path,
     unescape_key,
 )
-from snapshotkit.errors import IntegrityError, WaitTimeoutError
+from snapshotkit.errors import IntegrityError, SnapshotkitError, WaitTimeoutError
 from snapshotkit.snapshot import Snapshot
 from snapshotkit.verify import verify_snapshot
 
@@ -177,6 +177,11 @@ class PromotionJob:
     def wait(self, timeout: float | None = None) -> SnapshotMetadata | None:
         try:
             return self._future.result(timeout)
+        except concurrent.futures.CancelledError:
+            raise SnapshotkitError(
+                f"the promotion of {self.path!r} from the local tier never ran: the SnapshotManager was closed "
+                "without waiting (close(wait=False)); the durable tier keeps its previous step"
+            ) from None
         except concurrent.futures.TimeoutError:
             raise WaitTimeoutError(
                 f"the promotion of {self.path!r} from the local tier did not commit within {timeout} s; it goes on "

@@ -196,8 +196,11 @@ class LocalTier:
         thread once the copy is replicated (:mod:`.promote`). Every rank calls it for the same step;
         ``take_kwargs`` and ``common`` are the durable take's (``base``, ``replicated``,
         ``metadata``, ``storage_options``...; ``pg`` and ``executor`` are not used: the take runs
-        on the tier's own group and thread). ``pg`` is the manager's, for the snapshot returned."""
-        kwargs = {k: v for k, v in {**take_kwargs, **common}.items() if k not in ("pg", "executor")}
+        on the tier's own group and thread; nor is ``_custom_tensor_prepare_func``, whose results
+        the copy holds). ``pg`` is the manager's, for the snapshot returned."""
+        # the copy already holds what _custom_tensor_prepare_func made of each tensor: not applied twice
+        dropped = ("pg", "executor", "_custom_tensor_prepare_func")
+        kwargs = {k: v for k, v in {**take_kwargs, **common}.items() if k not in dropped}
         future = self._pool().submit(self._promote, step, path, kwargs)
         return pending_snapshot(PromotionJob(path, future), pg, dict(common.get("storage_options") or {}))
 

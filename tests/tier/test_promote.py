@@ -189,3 +189,30 @@ def test_local_promote_must_be_a_bool(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="local_promote"):
         _manager(tmp_path, local_promote="yes")
     assert not (tmp_path / "local").exists()
+
+
+def test_a_prepare_function_is_applied_once(tmp_path: Path) -> None:
+    """``_custom_tensor_prepare_func`` already made the copy's values: the promotion must not apply
+    it again (a function that is not idempotent would change the durable step)."""
+
+    def plus_one(path: str, tensor: torch.Tensor, tracing: bool) -> torch.Tensor:
+        return tensor + 1
+
+    mgr = _manager(tmp_path)
+    state = StateDict(w=torch.zeros(1 << 16))
+    pending = mgr.save(2, {"s": state}, async_take=True, _custom_tensor_prepare_func=plus_one)
+    assert isinstance(pending, PendingSnapshot)
+    assert torch.equal(pending.wait().read_object("s/w"), torch.ones(1 << 16))
+    mgr.close()
+
+
+def test_a_promotion_that_never_ran_raises_our_error() -> None:
+    import concurrent.futures
+
+    from snapshotkit._tier.promote import PromotionJob
+    from snapshotkit.errors import SnapshotkitError
+
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    future.cancel()  # what close(wait=False) does to a promotion still queued
+    with pytest.raises(SnapshotkitError, match="never ran"):
+        PromotionJob("/x/step_2", future).wait()
