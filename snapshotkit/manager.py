@@ -360,8 +360,9 @@ class SnapshotManager:
         path = self.snapshot_path(step)
         common: dict[str, Any] = {"pg": self.pg, "storage_options": self._options, "metadata": user_metadata}
         with _events.step_scope(step):
-            if local is not None and async_take and not preemption and self._tier.can_promote(step):  # type: ignore[union-attr]
-                result: Snapshot | PendingSnapshot = self._tier.promote(step, path, self.pg, take_kwargs, common)  # type: ignore[union-attr]
+            tier = self._tier
+            if local is not None and tier is not None and async_take and not preemption and tier.can_promote(step):
+                result: Snapshot | PendingSnapshot = tier.promote(step, path, app_state, self.pg, take_kwargs, common)
             elif async_take:
                 result = Snapshot.async_take(path, app_state, **common, **take_kwargs)
             else:

@@ -89,7 +89,9 @@ class Flattened:
     leaves: dict[str, Any]
 
 
-def _is_flattenable_dict(obj: Mapping[Any, Any], path: str) -> bool:
+def is_flattenable_dict(obj: Mapping[Any, Any], path: str) -> bool:
+    """Whether a ``dict``/``OrderedDict`` is stored as a container (its keys name logical paths), not
+    as one object: distinct str or int keys that fit inline, each printing as its own text."""
     if set(map(type, obj)) <= {str} and "".join(obj).isascii():  # the common case, in C: distinct
         return True  # keys (a dict's), each fits inline
     seen: set[str] = set()
@@ -125,7 +127,7 @@ def flatten(obj: Any, prefix: str) -> Flattened:
         path, value, depth = stack.pop()
         kind = type(value)
         entry: ContainerEntry
-        if (kind is dict or kind is OrderedDict) and _is_flattenable_dict(value, path):
+        if (kind is dict or kind is OrderedDict) and is_flattenable_dict(value, path):
             entry = DictEntry(tuple(value.keys()), ordered=kind is OrderedDict)
             children, items = child_paths(path, entry.keys), list(value.values())
         elif kind is list or kind is tuple:

@@ -197,6 +197,19 @@ def _rules(optimizer: torch.optim.Optimizer) -> Mapping[str, ShapeRule]:
     return {}
 
 
+def check_param_groups(
+    root: str, optimizer: torch.optim.Optimizer, containers: Mapping[str, Entry], leaves: Mapping[str, Entry]
+) -> None:
+    """The part of :func:`check_optimizer` that holds whatever the state's shapes (the local tier's
+    copies hold a sharded optimizer's moments as local shards): the saved parameter groups and
+    their sizes against the optimizer's.
+
+    Raises:
+        StateMismatchError: the counts differ (the message names the path).
+    """
+    _saved_param_ids(root, optimizer, containers, leaves)
+
+
 def _saved_param_ids(
     root: str, optimizer: torch.optim.Optimizer, containers: Mapping[str, Entry], leaves: Mapping[str, Entry]
 ) -> list[list[object]] | None:

@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 from snapshotkit._format.entries import METADATA_FILENAME
@@ -153,6 +153,19 @@ class LocalRoot:
             _rmdir_if_empty(self.root / step_dir(step))
         if deleted:
             _log.info("local tier %s: deleted the copies of steps %s", self.root, sorted(deleted))
+        return sorted(deleted)
+
+    def remove_steps(self, stale: Callable[[int], bool]) -> list[int]:
+        """Delete the managed copies, committed or not, of every step for which ``stale(step)`` is
+        true (manifest first). Returns those steps, ascending."""
+        deleted: set[int] = set()
+        for step, owner, path in self._entries():
+            if owner in self.managed and stale(step):
+                remove_snapshot(str(path), {})
+                shutil.rmtree(path, ignore_errors=True)
+                deleted.add(step)
+        for step in deleted:
+            _rmdir_if_empty(self.root / step_dir(step))
         return sorted(deleted)
 
     def _step_dirs(self) -> Iterator[Path]:

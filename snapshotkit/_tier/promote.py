@@ -38,14 +38,13 @@ from snapshotkit._format.entries import (
     DictEntry,
     Entry,
     ListEntry,
-    ObjectEntry,
     PrimitiveEntry,
     TensorEntry,
     TupleEntry,
     join_path,
     unescape_key,
 )
-from snapshotkit.errors import IntegrityError, SnapshotkitError, WaitTimeoutError
+from snapshotkit.errors import IntegrityError, SnapshotkitError, SnapshotNotFoundError, WaitTimeoutError
 from snapshotkit.snapshot import Snapshot
 from snapshotkit.verify import verify_snapshot
 
@@ -66,7 +65,14 @@ def verify_copy(path: Path) -> None:
         IntegrityError: a piece does not match its checksum (the message names it).
         SnapshotNotFoundError, IncompleteSnapshotError: there is no committed copy.
     """
-    report = verify_snapshot(str(path))
+    try:
+        report = verify_snapshot(str(path))
+    except SnapshotNotFoundError as exc:
+        raise type(exc)(
+            f"the local copy {path} to promote is not there ({exc}): its local save failed or it was removed; "
+            "the step was not promoted and the durable tier keeps its previous step. Save a later step again, "
+            "or take durable snapshots from memory (local_promote=False)"
+        ) from exc
     if not report.ok:
         first = report.problems[0]
         raise IntegrityError(
@@ -91,8 +97,9 @@ class _Leaves:
             mapped = self._mapped(entry)
             if mapped is not None:
                 return mapped
-        # objects, torch_save tensors, odd dtypes, pieces in a base: read (checksummed) into memory
-        return self._copy.read_object(path, weights_only=not isinstance(entry, ObjectEntry))
+        # objects, torch_save tensors, odd dtypes, pieces in a base: read (checksummed) into memory;
+        # unpickled as the take pickled them (the copy is this rank's own, just verified)
+        return self._copy.read_object(path, weights_only=False)
 
     def _mapped(self, entry: TensorEntry) -> torch.Tensor | None:
         pieces = entry.pieces

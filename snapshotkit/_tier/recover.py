@@ -29,7 +29,7 @@ from snapshotkit._lifecycle.fallback import Attempt, partial_restore, reason, re
 from snapshotkit._restore.partial import RestoreReport
 from snapshotkit._runtime.touched import state_touched
 from snapshotkit._tier.agreement import Decision, Holdings, Source, decide, describe
-from snapshotkit._tier.shards import check_layouts, own_shards
+from snapshotkit._tier.shards import check_layouts, check_optimizers, own_shards
 from snapshotkit._tier.tier import LocalTier
 from snapshotkit._tier.transfer import Transfer
 
@@ -74,7 +74,10 @@ def resume(
     if tier is None:
         return restore_durable(durable_steps)
     restored = restore_from_tiers(group, tier, durable_steps, app_state, restore_kwargs, restore_durable)
-    return None if restored is None else (restored.step, dataclasses.replace(restored.report, source=restored.source))
+    if restored is None:
+        return None
+    tier.resumed_at = restored.step  # local copies of later steps are of a run abandoned here
+    return restored.step, dataclasses.replace(restored.report, source=restored.source)
 
 
 def restore_from_tiers(
@@ -209,8 +212,10 @@ def _restore_copy(
     try:
         with _events.step_scope(step):
             copy = tier.snapshot(step)
-            view = own_shards(app_state)  # as the copy was taken: sharded tensors as their local shards
+            # as the copy was taken: sharded tensors as their local shards
+            view = own_shards(app_state, strict=restore_kwargs.get("strict", True) is not False)
             check_layouts(copy.metadata.user_metadata, view, str(tier.copy_path(step)))
+            check_optimizers(copy.metadata.manifest, view)
             return copy.restore(view.app_state, **restore_kwargs), None
     except Exception as exc:
         return None, exc

@@ -25,12 +25,14 @@ from typing import Any
 
 import torch
 
-from snapshotkit._format.entries import join_path
+from snapshotkit._format.entries import DictEntry, Entry, ListEntry, escape_key, join_path
 from snapshotkit._format.sharded import is_sharded, local_shards
+from snapshotkit._plan.flatten import is_flattenable_dict
+from snapshotkit._restore.optimizer import check_param_groups, uses_torch_format
 from snapshotkit.errors import StateMismatchError, UnsupportedValueError
 from snapshotkit.stateful import AppState, RNGState
 
-__all__ = ["TIER_KEY", "OwnShards", "ShardLayout", "check_layouts", "own_shards"]
+__all__ = ["TIER_KEY", "OwnShards", "ShardLayout", "check_layouts", "check_optimizers", "own_shards"]
 
 #: The user-metadata member of a local copy that records its shards (``{"shards": {path: layout}}``).
 TIER_KEY = "snapshotkit.tier"
@@ -79,6 +81,9 @@ class OwnShards:
         return {path: layout.to_json() for path, layout in self.layouts.items()}
 
 
+_Originals = dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
 class _LocalState:
     """A Stateful whose state is another one's, with every sharded tensor as its local tensor.
 
@@ -86,16 +91,19 @@ class _LocalState:
     puts the original sharded tensors back where the view's local tensors come back (they were
     restored in place) and hands the result to the wrapped object."""
 
-    def __init__(self, inner: Any, view: Any, originals: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self._inner = inner
+    def __init__(self, inner: Any, view: Any, originals: _Originals, strict: bool) -> None:
+        self.inner = inner
         self._view = view
         self._originals = originals  # id(local tensor) -> (local tensor, sharded tensor)
+        self._strict = strict
 
     def state_dict(self) -> Any:
         return self._view
 
     def load_state_dict(self, state_dict: Any) -> Any:
-        return self._inner.load_state_dict(self._back(state_dict))
+        if isinstance(self.inner, torch.nn.Module):  # as the restore calls a module's: with its strict
+            return self.inner.load_state_dict(self._back(state_dict), strict=self._strict)
+        return self.inner.load_state_dict(self._back(state_dict))
 
     def _back(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -108,8 +116,9 @@ class _LocalState:
         return value
 
 
-def own_shards(app_state: AppState) -> OwnShards:
-    """The view of ``app_state`` a local copy takes and restores (module docstring).
+def own_shards(app_state: AppState, *, strict: bool = True) -> OwnShards:
+    """The view of ``app_state`` a local copy takes and restores (module docstring); ``strict`` is
+    the restore's, passed on to a wrapped module's ``load_state_dict``.
 
     Calls ``state_dict()`` of each Stateful once more (a wrapped one's take or restore gets that
     result), only when this process has imported ``torch.distributed.tensor`` or ``ShardedTensor``:
@@ -129,7 +138,7 @@ def own_shards(app_state: AppState) -> OwnShards:
         originals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         found: dict[str, ShardLayout] = {}
         view = _swap(stateful.state_dict(), key, originals, found)
-        wrapped[key] = _LocalState(stateful, view, originals) if found else stateful
+        wrapped[key] = _LocalState(stateful, view, originals, strict) if found else stateful
         layouts.update(found)
     return OwnShards(wrapped, layouts)
 
@@ -150,7 +159,7 @@ def _swap(
         originals[id(local)] = (local, value)
         found[path] = ShardLayout(shards.shape, box.offsets, box.sizes)
         return local
-    if type(value) in (dict, OrderedDict):
+    if type(value) in (dict, OrderedDict) and is_flattenable_dict(value, path):  # where the take descends
         items = [(k, _swap(v, join_path(path, k), originals, found)) for k, v in value.items()]
         changed = any(new is not value[k] for k, new in items)
         return type(value)(items) if changed else value
@@ -159,6 +168,23 @@ def _swap(
         changed = any(new is not old for new, old in zip(items, value, strict=True))
         return type(value)(items) if changed else value
     return value
+
+
+def check_optimizers(manifest: Mapping[str, Entry], current: OwnShards) -> None:
+    """Check the parameter groups of every wrapped optimizer against the copy's ``manifest``, as a
+    restore checks an optimizer it sees (the wrapper hides it), before anything is read.
+
+    Raises:
+        StateMismatchError: an optimizer's parameter groups or their sizes differ from the copy's.
+    """
+    wrapped = [(key, s.inner) for key, s in current.app_state.items() if isinstance(s, _LocalState)]
+    optimizers = [(key, inner) for key, inner in wrapped if uses_torch_format(inner)]
+    if not optimizers:
+        return
+    containers = {k.partition("/")[2]: e for k, e in manifest.items() if isinstance(e, (DictEntry, ListEntry))}
+    leaves = {k.partition("/")[2]: e for k, e in manifest.items() if not isinstance(e, (DictEntry, ListEntry))}
+    for key, optimizer in optimizers:
+        check_param_groups(escape_key(key), optimizer, containers, leaves)
 
 
 def check_layouts(metadata: Mapping[str, Any], current: OwnShards, copy: str) -> None:
@@ -176,12 +202,14 @@ def check_layouts(metadata: Mapping[str, Any], current: OwnShards, copy: str) ->
         if mine != theirs:
             raise StateMismatchError(
                 f"the local copy {copy} holds {_describe(theirs)} at {path!r}, and this rank's state holds "
-                f"{_describe(mine)} there: the local tier restores a rank's own shards only, with the same world "
-                "size and the same rank for each shard. Resume from the durable tier (remove the local roots)"
+                f"{_describe(mine)} there: the local tier restores a rank's own shards only, in place, into the "
+                "same sharded tensors (same world size, same rank for each shard). Create the state first (an "
+                "optimizer's, e.g. by one step with a learning rate of 0), or resume from the durable tier "
+                "(remove the local roots)"
             )
 
 
 def _describe(layout: ShardLayout | None) -> str:
     if layout is None:
-        return "no shard of a sharded tensor"
+        return "no sharded tensor (nothing, or a plain value: an optimizer whose state is not created yet?)"
     return f"the shard at offsets {list(layout.offsets)} of size {list(layout.sizes)} of a {list(layout.shape)} tensor"

@@ -18,6 +18,7 @@ from the tier's thread while the caller restores its own copy.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -29,8 +30,8 @@ from snapshotkit import _events
 from snapshotkit._config import Config
 from snapshotkit._dist import Group, own_process_group, resolve_group
 from snapshotkit._format.document import SnapshotMetadata
-from snapshotkit._format.entries import METADATA_FILENAME
 from snapshotkit._lifecycle.removal import remove_snapshot
+from snapshotkit._take.collect import ddp_replicated_patterns
 from snapshotkit._tier.local import LocalRoot, local_root_path
 from snapshotkit._tier.nodes import NodeMap, node_id, replica_holders
 from snapshotkit._tier.promote import PromotionJob, copy_state, verify_copy
@@ -81,6 +82,8 @@ class LocalTier:
         self.saved = {step for step, owner in self.root.holdings() if owner == rank}
         self._called: set[int] = set()  # steps save() ran for in this process
         self._sharded: set[int] = set()  # steps whose copy holds sharded tensors as local shards (never promoted)
+        #: The step restore_latest resumed from (any tier), or None: later copies not saved here are stale.
+        self.resumed_at: int | None = None
 
     def __repr__(self) -> str:
         return f"LocalTier({str(self.root.root)!r}, every {self.interval_steps} steps, {self.replicas} replicas)"
@@ -109,6 +112,8 @@ class LocalTier:
         _log.warning("local tier: deleting the damaged copy %s", path)
         remove_snapshot(str(path), {})
         shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # the step's directory, when no other copy is in it
         self.saved.discard(step)
 
     # ------------------------------------------------------------------ saving
@@ -123,16 +128,13 @@ class LocalTier:
         take_kwargs: Mapping[str, Any],
     ) -> Snapshot | PendingSnapshot:
         """Take this rank's local copy of ``step``; replication and retention follow in the
-        background, after it committed. A copy this rank already has is kept as it is (it holds
-        the same step's state) and replicated again, so that every rank takes part alike."""
+        background, after it committed. First, copies of an abandoned run are removed
+        (:meth:`_remove_stale`): a copy of ``step`` itself from before is never kept, since the
+        state at ``step`` need not be what it was then (another run, another resume point)."""
+        self._remove_stale(step)
         self._called.add(step)
         path = str(self.copy_path(step))
         self.copy_path(step).parent.mkdir(parents=True, exist_ok=True)
-        if step in self.saved and (self.copy_path(step) / METADATA_FILENAME).is_file():
-            if _shard_layouts(self.snapshot(step)):
-                self._sharded.add(step)
-            self._background.append(self._pool().submit(self._after_save, step, None))
-            return self.snapshot(step)
         try:
             view = own_shards(app_state)  # a sharded tensor as this rank's own shard
             record = {**metadata, TIER_KEY: {"shards": view.layouts_json()}} if view.layouts else dict(metadata)
@@ -151,6 +153,24 @@ class LocalTier:
         pending = result if isinstance(result, PendingSnapshot) else None
         self._background.append(self._pool().submit(self._after_save, step, pending))
         return result
+
+    def _remove_stale(self, step: int) -> None:
+        """Delete the copies (own ones and replicas, committed or not) of steps that this process
+        did not save and that are later than the step it resumed from (all of them, without a
+        resume): they belong to a run abandoned at that point. Kept, they would be restored
+        instead of this run's steps, promoted to the durable tier as this step, or outrank this
+        run's copies in the local retention. Each rank removes its own; every rank saves ``step``."""
+        newer_than = -1 if self.resumed_at is None else self.resumed_at
+        stale = self.root.remove_steps(lambda s: s > newer_than and s not in self._called)
+        if stale:
+            _log.warning(
+                "local tier: removed the copies of steps %s under %s, left by a run that did not continue from "
+                "them (this run %s)",
+                stale,
+                self.root.root,
+                "started afresh" if self.resumed_at is None else f"resumed from step {self.resumed_at}",
+            )
+            self.saved.difference_update(stale)
 
     def _after_save(self, step: int, pending: PendingSnapshot | None) -> None:
         """Background: wait for the copy to commit, replicate it, apply retention. A failure is
@@ -190,17 +210,28 @@ class LocalTier:
         return all(self.group.exchange(mine, None, "SnapshotManager.save: can every rank promote its local copy"))
 
     def promote(
-        self, step: int, path: str, pg: Any, take_kwargs: Mapping[str, Any], common: Mapping[str, Any]
+        self,
+        step: int,
+        path: str,
+        app_state: AppState,
+        pg: Any,
+        take_kwargs: Mapping[str, Any],
+        common: Mapping[str, Any],
     ) -> PendingSnapshot:
         """Take the durable snapshot ``path`` of ``step`` from this rank's local copy, on the tier's
         thread once the copy is replicated (:mod:`.promote`). Every rank calls it for the same step;
         ``take_kwargs`` and ``common`` are the durable take's (``base``, ``replicated``,
         ``metadata``, ``storage_options``...; ``pg`` and ``executor`` are not used: the take runs
         on the tier's own group and thread; nor is ``_custom_tensor_prepare_func``, whose results
-        the copy holds). ``pg`` is the manager's, for the snapshot returned."""
+        the copy holds). ``pg`` is the manager's, for the snapshot returned. ``app_state`` is the
+        live state: a ``DistributedDataParallel`` module's state is replicated, as a take of it
+        infers (the copy's rebuilt state has no module to infer it from)."""
         # the copy already holds what _custom_tensor_prepare_func made of each tensor: not applied twice
         dropped = ("pg", "executor", "_custom_tensor_prepare_func")
         kwargs = {k: v for k, v in {**take_kwargs, **common}.items() if k not in dropped}
+        ddp = ddp_replicated_patterns(app_state)
+        if ddp:
+            kwargs["replicated"] = [*(kwargs.get("replicated") or ()), *ddp]
         future = self._pool().submit(self._promote, step, path, kwargs)
         return pending_snapshot(PromotionJob(path, future), pg, dict(common.get("storage_options") or {}))
 
@@ -273,12 +304,6 @@ class LocalTier:
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshotkit-local-tier")
         return self._worker
-
-
-def _shard_layouts(copy: Snapshot) -> Any:
-    """What the copy's metadata records of its sharded tensors (None: it holds none)."""
-    record = copy.metadata.user_metadata.get(TIER_KEY)
-    return record.get("shards") if isinstance(record, Mapping) else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,11 +15,11 @@ from snapshotkit._format.entries import child_paths
 from snapshotkit._plan.flatten import (
     MAX_INT_BITS,
     MAX_NESTING_DEPTH,
-    _is_flattenable_dict,
     escape_key,
     fits_inline,
     flatten,
     inflate,
+    is_flattenable_dict,
     join_path,
     unescape_key,
 )
@@ -222,7 +222,7 @@ def _reference_flatten(obj: object, prefix: str) -> tuple[dict[str, object], dic
     while stack:
         path, value = stack.pop()
         kind = type(value)
-        if (kind is dict or kind is OrderedDict) and _is_flattenable_dict(value, path):  # type: ignore[arg-type]
+        if (kind is dict or kind is OrderedDict) and is_flattenable_dict(value, path):  # type: ignore[arg-type]
             containers[path] = DictEntry(tuple(value), ordered=kind is OrderedDict)  # type: ignore[call-overload]
             children = [(join_path(path, k), v) for k, v in value.items()]  # type: ignore[attr-defined]
         elif kind is list or kind is tuple:
