@@ -108,10 +108,8 @@ class SnapshotManager:
         local_replicas: also keep each rank's local save on this many other nodes (sent over the
             process group after it committed), so that a lost node's state is served by a peer.
             Nodes are told apart by host name, or ``SNAPSHOTKIT_NODE_ID``.
-        local_promote: a ``save(async_take=True)`` of a step due on both tiers takes the durable
-            snapshot from the verified local copy, in the background, instead of from memory
-            again: the loop waits for the local save alone (not with sharded tensors, nor for a
-            preemption notice's save).
+        local_promote: ``save(async_take=True)`` at a step due on both tiers takes the durable
+            snapshot from the local copy in the background, not from memory again (docs/lifecycle.md).
 
     With neither ``keep_last`` nor ``keep_best``, nothing is ever deleted. The newest snapshot is
     always kept. Only snapshots a manager wrote are deleted: anything else under the root (a
@@ -360,8 +358,7 @@ class SnapshotManager:
         path = self.snapshot_path(step)
         common: dict[str, Any] = {"pg": self.pg, "storage_options": self._options, "metadata": user_metadata}
         with _events.step_scope(step):
-            tier = self._tier
-            if local is not None and tier is not None and async_take and not preemption and tier.can_promote(step):
+            if (tier := self._tier) and local is not None and async_take and not preemption and tier.can_promote(step):
                 result: Snapshot | PendingSnapshot = tier.promote(step, path, app_state, self.pg, take_kwargs, common)
             elif async_take:
                 result = Snapshot.async_take(path, app_state, **common, **take_kwargs)

@@ -11,7 +11,7 @@ from snapshotkit._config import Config, snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.entries import Entry, escape_key
-from snapshotkit._pending import BackgroundJob, PendingTake
+from snapshotkit._pending import PendingTake
 from snapshotkit._restore import engine as restore_engine
 from snapshotkit._restore.bases import intact_bases, open_snapshot_storage
 from snapshotkit._restore.metadata import load_metadata
@@ -497,12 +497,6 @@ class PendingSnapshot(PendingTake[Snapshot]):
             StorageError, ...: this rank's own failure, as ``take`` would raise it.
         """
         return super().wait(timeout)
-
-
-def pending_snapshot(job: BackgroundJob, pg: Any | None, storage_options: dict[str, Any]) -> PendingSnapshot:
-    """The :class:`PendingSnapshot` of ``job``, a take of ``job.path`` run by something other than
-    :meth:`Snapshot.async_take` (the local tier's promotion of a copy)."""
-    return PendingSnapshot(job, pg, Snapshot(job.path, pg=pg, storage_options=storage_options)._committed)
 
 
 def _base_loader(base: object, pg: Any | None, storage_options: dict[str, Any]) -> LoadBase | None:

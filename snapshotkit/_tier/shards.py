@@ -205,7 +205,7 @@ def check_layouts(metadata: Mapping[str, Any], current: OwnShards, copy: str) ->
                 f"{_describe(mine)} there: the local tier restores a rank's own shards only, in place, into the "
                 "same sharded tensors (same world size, same rank for each shard). Create the state first (an "
                 "optimizer's, e.g. by one step with a learning rate of 0), or resume from the durable tier "
-                "(remove the local roots)"
+                "(a SnapshotManager of the same root without local_root restores from it alone)"
             )
 
 

@@ -38,7 +38,7 @@ from snapshotkit._tier.promote import PromotionJob, copy_state, verify_copy
 from snapshotkit._tier.shards import TIER_KEY, own_shards
 from snapshotkit._tier.transfer import Transfer, TransferOutcome, send_and_receive
 from snapshotkit.errors import ConfigError, InvalidArgumentError
-from snapshotkit.snapshot import PendingSnapshot, Snapshot, pending_snapshot
+from snapshotkit.snapshot import PendingSnapshot, Snapshot
 from snapshotkit.stateful import AppState
 
 __all__ = ["LocalTier", "TierOptions", "check_tier_options"]
@@ -233,7 +233,8 @@ class LocalTier:
         if ddp:
             kwargs["replicated"] = [*(kwargs.get("replicated") or ()), *ddp]
         future = self._pool().submit(self._promote, step, path, kwargs)
-        return pending_snapshot(PromotionJob(path, future), pg, dict(common.get("storage_options") or {}))
+        snapshot = Snapshot(path, pg=pg, storage_options=dict(common.get("storage_options") or {}))
+        return PendingSnapshot(PromotionJob(path, future), pg, lambda _: snapshot)  # it reads its manifest when asked
 
     def _promote(self, step: int, path: str, take_kwargs: dict[str, Any]) -> SnapshotMetadata | None:
         pg = self.copy_group if self.copy_group is not None else self.group.pg
