@@ -24,8 +24,10 @@ from typing import Any, TypeGuard
 
 import torch
 
+from snapshotkit._format.dtypes import RAW_ITEMSIZE
 from snapshotkit._format.entries import DictEntry, Entry, ListEntry, PrimitiveEntry, ShardedTensorEntry, TensorEntry
 from snapshotkit._plan.flatten import join_path
+from snapshotkit._plan.grid import is_dtensor
 from snapshotkit.errors import StateMismatchError
 
 Shape = tuple[int, ...]
@@ -111,15 +113,8 @@ def check_optimizer(
             from the saved ones; with ``strict=True``, a state tensor's shape differs from what
             its parameter needs.
     """
-    saved_ids = _saved_param_ids(root, optimizer, containers, leaves)
+    id_map = param_id_map(root, optimizer, containers, leaves)
     groups = optimizer.param_groups
-    if saved_ids is None:  # the snapshot lacks the ids (left out at take): the optimizer's own order
-        params = list(itertools.chain.from_iterable(group["params"] for group in groups))
-        id_map: dict[object, torch.Tensor] = dict(enumerate(params))
-    else:
-        flat_ids = itertools.chain.from_iterable(saved_ids)
-        # The counts were checked equal: as load_state_dict() does, zip the saved ids with the parameters.
-        id_map = dict(zip(flat_ids, itertools.chain.from_iterable(group["params"] for group in groups), strict=True))
     rules = _rules(optimizer)
     state_path = join_path(root, "state")
     state = containers.get(state_path)
@@ -160,6 +155,60 @@ def check_optimizer(
         roots=tuple(path for path, _ in skipped),
         params=tuple(param for _, param in skipped),
     )
+
+
+def param_id_map(
+    root: str, optimizer: torch.optim.Optimizer, containers: Mapping[str, Entry], leaves: Mapping[str, Entry]
+) -> dict[object, torch.Tensor]:
+    """Saved parameter id -> the optimizer's parameter, as ``load_state_dict()`` maps them (after
+    checking the groups' counts)."""
+    saved_ids = _saved_param_ids(root, optimizer, containers, leaves)
+    params = itertools.chain.from_iterable(group["params"] for group in optimizer.param_groups)
+    if saved_ids is None:  # the snapshot lacks the ids (left out at take): the optimizer's own order
+        return dict(enumerate(params))
+    # The counts were checked equal: as load_state_dict() does, zip the saved ids with the parameters.
+    return dict(zip(itertools.chain.from_iterable(saved_ids), params, strict=True))
+
+
+def fresh_sharded_state(
+    root: str,
+    optimizer: torch.optim.Optimizer,
+    containers: Mapping[str, Entry],
+    leaves: Mapping[str, Entry],
+    current: Mapping[str, Any],
+) -> dict[str, torch.Tensor]:
+    """Destinations for the saved state of ``DTensor`` parameters that the optimizer does not hold
+    yet (a fresh optimizer, as a resumed FSDP2 run builds it): for each saved sharded state tensor
+    shaped like its parameter (per :data:`_PARAMETER_SHAPED`) and absent from ``current`` (the
+    optimizer's flattened state), a zero ``DTensor`` laid out like the parameter, in the saved
+    dtype. The restore fills it in place, box by box, so the optimizer gets back ``DTensor`` state
+    as it had it; loaded whole instead, it would hold plain tensors of the global shape, which the
+    next ``step()`` refuses beside its ``DTensor`` parameters."""
+    rules = _rules(optimizer)
+    state = containers.get(join_path(root, "state"))
+    if not rules or not isinstance(state, DictEntry):
+        return {}
+    id_map = param_id_map(root, optimizer, containers, leaves)
+    out: dict[str, torch.Tensor] = {}
+    for key in state.keys:
+        param = id_map.get(key)
+        param_path = join_path(join_path(root, "state"), key)
+        entry = containers.get(param_path)
+        if param is None or not is_dtensor(param) or not isinstance(entry, DictEntry):
+            continue
+        for name in entry.keys:
+            path = join_path(param_path, name)
+            saved = leaves.get(path)
+            rule = rules.get(name) if isinstance(name, str) else None
+            fits = isinstance(saved, ShardedTensorEntry) and tuple(saved.shape) == tuple(param.shape)
+            if rule is _same and fits and path not in current and _plain_dtype(saved):
+                dtype = getattr(torch, saved.dtype)  # type: ignore[union-attr]
+                out[path] = torch.zeros_like(param, dtype=dtype, requires_grad=False)
+    return out
+
+
+def _plain_dtype(entry: Any) -> bool:
+    return entry.dtype in RAW_ITEMSIZE and isinstance(getattr(torch, entry.dtype, None), torch.dtype)
 
 
 def leave_out(

@@ -31,6 +31,7 @@ from snapshotkit._restore.fits import describe_mismatch, tensor_matches
 from snapshotkit._restore.optimizer import (
     SkippedState,
     check_optimizer,
+    fresh_sharded_state,
     keep_current_state,
     leave_out,
     uses_torch_format,
@@ -199,6 +200,9 @@ def plan_restore(
             missing.extend(difference.missing)
             unexpected.extend(difference.unexpected)
         destinations = current.leaves if current is not None else {}
+        if optimizer is not None and current is not None:  # a fresh optimizer of DTensor parameters
+            fresh = fresh_sharded_state(root, optimizer, containers, leaves, destinations)
+            destinations = {**destinations, **fresh} if fresh else destinations
         if is_module:  # a module's tensor whose saved value is a dict or list (strict=False gets here)
             for path in containers:
                 if isinstance(destinations.get(path), torch.Tensor):

@@ -213,9 +213,10 @@ def _restore_copy(
         with _events.step_scope(step):
             copy = tier.snapshot(step)
             # as the copy was taken: sharded tensors as their local shards
-            view = own_shards(app_state, strict=restore_kwargs.get("strict", True) is not False)
-            check_layouts(copy.metadata.user_metadata, view, str(tier.copy_path(step)))
-            check_optimizers(copy.metadata.manifest, view)
+            strict, metadata = restore_kwargs.get("strict", True) is not False, copy.metadata
+            view = own_shards(app_state, strict=strict, copy=metadata.user_metadata, manifest=metadata.manifest)
+            check_layouts(metadata.user_metadata, view, str(tier.copy_path(step)))
+            check_optimizers(metadata.manifest, view)
             return copy.restore(view.app_state, **restore_kwargs), None
     except Exception as exc:
         return None, exc

@@ -179,3 +179,28 @@ def test_fsdp2_optimizer_state_is_checked_against_global_parameter_shapes(tmp_pa
         assert "has shape [35, 16]" in message  # global shapes, not the local shards'
         assert "the snapshot has shape [33, 16]" in message
         assert result["wider_state"] == {}
+
+
+def _fsdp_fresh_optimizer(rank: int, world: int, path: str) -> dict[str, Any]:
+    """A resumed FSDP2 run builds a fresh optimizer (no state yet) and restores into it: its moments
+    come back as DTensors laid out like their parameters, and it trains on."""
+    model, optim = _fsdp_model(seed=0)
+    _step(model, optim, seed=1)
+    Snapshot.take(path, {"model": model, "optim": optim})
+    saved = _full(torch.optim.Optimizer.state_dict(optim)["state"])
+
+    fresh, fresh_optim = _fsdp_model(seed=42)
+    assert not fresh_optim.state
+    report = Snapshot(path).restore({"model": fresh, "optim": fresh_optim})
+    state = torch.optim.Optimizer.state_dict(fresh_optim)["state"]
+    kinds = sorted({type(v).__name__ for s in state.values() for k, v in s.items() if k != "step"})
+    restored = _full(state)
+    _step(fresh, fresh_optim, seed=8)  # was: "mixed torch.Tensor and DTensor" (full plain moments)
+    return {"report": report, "saved": saved, "restored": restored, "kinds": kinds}
+
+
+def test_a_fresh_fsdp2_optimizer_gets_dtensor_state_back(tmp_path: Path) -> None:
+    for result in run_ranks(2, _fsdp_fresh_optimizer, str(tmp_path / "snap")):
+        assert result["report"] == RestoreReport()
+        assert result["kinds"] == ["DTensor"]
+        _assert_same(result["restored"], result["saved"], "optim")

@@ -99,9 +99,10 @@ def _train(rank: int, world: int, tmp: str) -> dict[str, Any]:
     return {"promotions": handler.count}  # then "killed": no close
 
 
-def _resume(rank: int, world: int, tmp: str, placement: str) -> dict[str, Any]:
+def _resume(rank: int, world: int, tmp: str, placement: str, fresh: bool = False) -> dict[str, Any]:
     model, optim = _fsdp(seed=42)
-    _step(model, optim, seed=7)  # optimizer state (DTensor moments) to restore into
+    if not fresh:
+        _step(model, optim, seed=7)  # optimizer state (DTensor moments) to restore into
     app = {"model": model, "optim": optim, "extra": StateDict(w=_dtensor(world, -1.0, placement), step=0)}
     mgr = _manager(rank, tmp)
     try:
@@ -122,6 +123,15 @@ def test_fsdp2_state_comes_back_from_the_peers_bit_exact(tmp_path: Path) -> None
     assert run_ranks(WORLD, _train, str(tmp_path)) == [{"promotions": 0}] * WORLD  # sharded: from memory
     shutil.rmtree(tmp_path / "local" / "B")  # node B is replaced
     results = run_ranks(WORLD, _resume, str(tmp_path), "S0")
+    assert [r.get("source") for r in results] == ["local", "local", "peer", "peer"], results
+    assert all(r["step"] == 3 and r["exact"] for r in results), results
+
+
+def test_a_fresh_fsdp2_optimizer_is_restored_from_the_peers(tmp_path: Path) -> None:
+    """As a resumed run builds it: no optimizer state yet. Its moments come back as DTensors."""
+    run_ranks(WORLD, _train, str(tmp_path))
+    shutil.rmtree(tmp_path / "local" / "B")
+    results = run_ranks(WORLD, _resume, str(tmp_path), "S0", True)
     assert [r.get("source") for r in results] == ["local", "local", "peer", "peer"], results
     assert all(r["step"] == 3 and r["exact"] for r in results), results
 
