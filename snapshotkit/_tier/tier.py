@@ -140,7 +140,9 @@ class LocalTier:
             record = {**metadata, TIER_KEY: {"shards": view.layouts_json()}} if view.layouts else dict(metadata)
             if view.layouts:
                 self._sharded.add(step)
-            common: dict[str, Any] = {"pg": self.own_pg, "metadata": record, **take_kwargs}
+            # a local copy is whole: the save's base= (a durable step) is the durable take's alone
+            own = {k: v for k, v in take_kwargs.items() if k != "base"}
+            common: dict[str, Any] = {"pg": self.own_pg, "metadata": record, **own}
             if async_take:
                 result: Snapshot | PendingSnapshot = Snapshot.async_take(path, view.app_state, **common)
             else:

@@ -73,3 +73,17 @@ def test_local_tier_options_are_refused_before_anything_is_written(tmp_path: Pat
     with pytest.raises(ConfigError, match="nodes"):  # one process is one node: no peer to hold a replica
         SnapshotManager(str(tmp_path / "d"), local_root=str(tmp_path / "l"), local_interval_steps=2, local_replicas=1)
     assert not (tmp_path / "l").exists()
+
+
+def test_a_save_with_base_takes_the_local_copy_whole(tmp_path: Path) -> None:
+    """``base=`` (a durable step) is for the durable take: the local copy of the same save used to
+    get it too, and every such save raised ConfigError (the base is not beside the local copy)."""
+    mgr = _manager(tmp_path)
+    state = StateDict(w=torch.arange(1 << 16, dtype=torch.float32), frozen=torch.ones(1 << 16))
+    mgr.save(4, {"s": state})
+    state["w"][:8] += 1  # "frozen" is unchanged: the durable step references it
+    snapshot = mgr.save(8, {"s": state}, base=mgr.snapshot_path(4))
+    assert isinstance(snapshot, Snapshot) and snapshot.metadata.bases  # the durable step is incremental
+    copy = Snapshot(str(tmp_path / "local" / "step_8" / "rank_0"))
+    assert not copy.metadata.bases and torch.equal(copy.read_object("s/w"), state["w"])
+    mgr.close()
