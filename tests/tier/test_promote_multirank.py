@@ -1,7 +1,8 @@
 """Promotion on 4 real gloo ranks playing 2 nodes: the durable step promoted from the local copies
 holds what a take from memory holds (replicated entries written once), an incremental promotion
-writes only what changed, and a state with DTensors is taken from memory instead
-(tests/tier/test_sharded_multirank.py has the same on 4 ranks, with an FSDP2 model)."""
+writes only what changed, a state with DTensors is taken from memory instead
+(tests/tier/test_sharded_multirank.py has the same on 4 ranks, with an FSDP2 model), and a rank
+killed in a promotion leaves the previous durable step and the local copies."""
 
 from __future__ import annotations
 
@@ -125,3 +126,71 @@ def _dtensor_state(rank: int, world: int, tmp: str) -> dict[str, Any]:
 def test_a_state_with_dtensors_is_taken_from_memory(tmp_path: Path) -> None:
     """One rank: its local copy holds the DTensor's local tensor, and a durable take needs the live one."""
     assert run_ranks(1, _dtensor_state, str(tmp_path)) == [{"promotions": 0, "exact": True}]
+
+
+def _die_in_a_promotion(rank: int, world: int, tmp: str, victim: int) -> str:
+    """Saves steps 1-4 (2 and 4 promoted); rank ``victim`` SIGKILLs itself in the promotion of
+    step 4, once its part of the durable take is staged (before the commit)."""
+    import signal
+
+    from snapshotkit import events
+
+    def kill_in_the_promotion(event: events.Event) -> None:
+        if event.kind == "take_staged" and event.path.endswith("durable/step_4"):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    if rank == victim:
+        events.subscribe(kill_in_the_promotion)
+    mgr = _manager(rank, tmp)
+    app = _state(rank)
+    try:
+        for step in (1, 2, 3, 4):
+            app["own"]["w"] += 1.0
+            app["own"]["step"] = step
+            mgr.save(step, app, async_take=True, replicated=["shared/**"])
+        mgr.wait()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def _after_the_kill(rank: int, world: int, tmp: str) -> dict[str, Any]:
+    mgr = _manager(rank, tmp)
+    durable = mgr.steps()
+    app = _state(rank)
+    app["own"]["w"].zero_()
+    step = mgr.restore_latest(app)
+    want = _state(rank)["own"]["w"] + 4.0
+    exact_local = torch.equal(app["own"]["w"], want) and app["own"]["step"] == 4
+    older = _state(rank)
+    older["own"]["w"].zero_()
+    mgr.snapshot(2).restore(older)
+    exact_durable = torch.equal(older["own"]["w"], _state(rank)["own"]["w"] + 2.0)
+    report = mgr.last_restore_report
+    mgr.close()
+    return {
+        "durable": durable,
+        "step": step,
+        "source": report.source if report else None,
+        "exact": exact_local and exact_durable,
+    }
+
+
+def test_kill_9_during_a_promotion_leaves_the_previous_durable_step_and_the_local_copies(tmp_path: Path) -> None:
+    outcome = run_ranks(
+        WORLD,
+        _die_in_a_promotion,
+        str(tmp_path),
+        1,
+        missing_ok=True,
+        env={"SNAPSHOTKIT_COLLECTIVE_TIMEOUT_SECONDS": "10"},
+    )
+    assert outcome[1] is None, outcome  # killed
+    survivors = [o.split(":")[0] for o in outcome[:1] + outcome[2:]]
+    assert set(survivors) <= {"CollectiveTimeoutError", "RankFailedError"}, outcome
+    assert not (tmp_path / "durable" / "step_4" / ".snapshot_metadata").exists()  # never committed
+    results = run_ranks(WORLD, _after_the_kill, str(tmp_path))
+    for result in results:
+        # the durable tier has step 2 (step 4's leftovers removed); step 4 comes from the local copies
+        assert result == {"durable": [2], "step": 4, "source": "local", "exact": True}, results
+    assert not (tmp_path / "durable" / "step_4").exists()
