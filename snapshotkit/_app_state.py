@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from snapshotkit.errors import InvalidAppStateError
 from snapshotkit.stateful import RNGState, Stateful
@@ -40,3 +41,18 @@ def _utf8_encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+class Held:
+    """One value as an ``app_state`` entry: ``state_dict()`` returns it as is, ``load_state_dict``
+    replaces it (a checkpoint dict's value for Lightning, a DCP plan's item, an imported value, a
+    local copy's state being promoted)."""
+
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+    def state_dict(self) -> Any:
+        return self.value
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        self.value = state_dict

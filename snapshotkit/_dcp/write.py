@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 
+from snapshotkit._app_state import Held
 from snapshotkit._config import Config
 from snapshotkit._dist import Group
 from snapshotkit._format.serialization import Serialized
@@ -32,19 +33,6 @@ from snapshotkit._take.detached import WrittenPart, write_part
 from snapshotkit._take.prepare import LoadBase, prepare_take
 from snapshotkit.errors import UnsupportedValueError
 from snapshotkit.storage import open_storage_plugin
-
-
-class Held:
-    """A value as an ``app_state`` entry: ``state_dict()`` gives it back."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def state_dict(self) -> Any:
-        return self.value
-
-    def load_state_dict(self, state_dict: Any) -> None:
-        self.value = state_dict
 
 
 def item_keys(plan: SavePlan, fqn: str) -> tuple[str | int, ...]:

@@ -18,31 +18,19 @@ from typing import Any
 
 import torch
 
+from snapshotkit._app_state import Held
 from snapshotkit._format.entries import escape_key, join_path, unescape_key
 from snapshotkit._plan.flatten import flatten
 from snapshotkit.errors import InvalidArgumentError
 from snapshotkit.snapshot import Snapshot
 from snapshotkit.stateful import AppState
 
-__all__ = ["METADATA_KEY", "Held", "check_map_location", "checkpoint_app_state", "load_checkpoint_dict"]
+__all__ = ["METADATA_KEY", "check_map_location", "checkpoint_app_state", "load_checkpoint_dict"]
 
 #: The user-metadata key of what :func:`load_checkpoint_dict` needs besides the entries.
 METADATA_KEY = "snapshotkit.lightning"
 
 MapLocation = Callable[..., Any] | torch.device | str | Mapping[str, Any] | None
-
-
-class Held:
-    """One value of the checkpoint dict as a Stateful: ``state_dict()`` returns it as is."""
-
-    def __init__(self, value: Any = None) -> None:
-        self.value = value
-
-    def state_dict(self) -> Any:
-        return self.value
-
-    def load_state_dict(self, state_dict: Any) -> None:
-        self.value = state_dict
 
 
 def checkpoint_app_state(checkpoint: object) -> tuple[AppState, dict[str, Any]]:

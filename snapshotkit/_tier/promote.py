@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from snapshotkit._app_state import Held
 from snapshotkit._format.document import SnapshotMetadata
 from snapshotkit._format.dtypes import RAW_ITEMSIZE
 from snapshotkit._format.entries import (
@@ -132,19 +133,6 @@ class _Leaves:
         return self._storages[location]
 
 
-class _Frozen:
-    """A :class:`~snapshotkit.Stateful` whose state is one value rebuilt from a copy (take only)."""
-
-    def __init__(self, value: Any) -> None:
-        self._value = value
-
-    def state_dict(self) -> Any:
-        return self._value
-
-    def load_state_dict(self, state_dict: Any) -> None:
-        raise TypeError("a promoted copy's state is only taken, never restored into")
-
-
 def copy_state(copy: Snapshot, directory: Path) -> dict[str, Any]:
     """The app state held by the local copy ``copy`` (world size 1) in ``directory``: one
     Stateful per app-state key, whose ``state_dict()`` gives the value as it was taken."""
@@ -163,7 +151,7 @@ def copy_state(copy: Snapshot, directory: Path) -> dict[str, Any]:
         return leaves.value(path, entry)
 
     tops = [key[2:] for key in manifest if key.startswith("0/") and "/" not in key[2:]]
-    return {unescape_key(top): _Frozen(build(top)) for top in tops}
+    return {unescape_key(top): Held(build(top)) for top in tops}
 
 
 class PromotionJob:

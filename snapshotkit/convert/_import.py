@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from snapshotkit._app_state import Held
 from snapshotkit._config import snapshot_path
 from snapshotkit._dist import resolve_group
 from snapshotkit._events import transfer_summary
@@ -165,25 +166,12 @@ def import_snapshot(
     return _log(report)
 
 
-class _Value:
-    """A Stateful holding one value that is not a dict (``"epoch": 3``, a bare tensor)."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def state_dict(self) -> Any:
-        return self.value
-
-    def load_state_dict(self, state_dict: Any) -> None:
-        self.value = state_dict
-
-
 def _stateful(state: Any) -> Stateful:
     if type(state) in (dict, OrderedDict):
         holder = StateDict()
         holder.data = state  # as it is: an OrderedDict stays one
         return holder
-    return _Value(state)
+    return Held(state)
 
 
 def _local_source(src: object) -> Path:
