@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeGuard
 
 import torch
@@ -185,26 +185,36 @@ def fresh_sharded_state(
     as it had it; loaded whole instead, it would hold plain tensors of the global shape, which the
     next ``step()`` refuses beside its ``DTensor`` parameters."""
     rules = _rules(optimizer)
-    state = containers.get(join_path(root, "state"))
-    if not rules or not isinstance(state, DictEntry):
+    if not rules:
         return {}
-    id_map = param_id_map(root, optimizer, containers, leaves)
     out: dict[str, torch.Tensor] = {}
-    for key in state.keys:
-        param = id_map.get(key)
-        param_path = join_path(join_path(root, "state"), key)
-        entry = containers.get(param_path)
-        if param is None or not is_dtensor(param) or not isinstance(entry, DictEntry):
-            continue
-        for name in entry.keys:
-            path = join_path(param_path, name)
-            saved = leaves.get(path)
-            rule = rules.get(name) if isinstance(name, str) else None
-            fits = isinstance(saved, ShardedTensorEntry) and tuple(saved.shape) == tuple(param.shape)
-            if rule is _same and fits and path not in current and _plain_dtype(saved):
-                dtype = getattr(torch, saved.dtype)  # type: ignore[union-attr]
-                out[path] = torch.zeros_like(param, dtype=dtype, requires_grad=False)
+    for _, name, path, param in param_state(root, optimizer, containers, leaves):
+        saved = leaves.get(path)
+        rule = rules.get(name) if isinstance(name, str) else None
+        fits = isinstance(saved, ShardedTensorEntry) and tuple(saved.shape) == tuple(param.shape)
+        if is_dtensor(param) and rule is _same and fits and path not in current and _plain_dtype(saved):
+            dtype = getattr(torch, saved.dtype)  # type: ignore[union-attr]
+            out[path] = torch.zeros_like(param, dtype=dtype, requires_grad=False)
     return out
+
+
+def param_state(
+    root: str, optimizer: torch.optim.Optimizer, containers: Mapping[str, Entry], leaves: Mapping[str, Entry]
+) -> Iterator[tuple[str | int, str | int, str, torch.Tensor]]:
+    """``(id, name, logical path, parameter)`` of each saved per-parameter state value (``exp_avg``
+    of ``state/<id>``) whose saved id maps to a parameter of ``optimizer``."""
+    state_path = join_path(root, "state")
+    state = containers.get(state_path)
+    if not isinstance(state, DictEntry):
+        return
+    id_map = param_id_map(root, optimizer, containers, leaves)
+    for key in state.keys:
+        param, param_path = id_map.get(key), join_path(state_path, key)
+        names = containers.get(param_path)
+        if param is None or not isinstance(names, DictEntry):
+            continue
+        for name in names.keys:
+            yield key, name, join_path(param_path, name), param
 
 
 def _plain_dtype(entry: Any) -> bool:

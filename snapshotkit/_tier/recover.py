@@ -214,9 +214,9 @@ def _restore_copy(
             copy = tier.snapshot(step)
             # as the copy was taken: sharded tensors as their local shards
             strict, metadata = restore_kwargs.get("strict", True) is not False, copy.metadata
-            view = own_shards(app_state, strict=strict, copy=metadata.user_metadata, manifest=metadata.manifest)
+            view = own_shards(app_state, strict=strict, copy=metadata)
             check_layouts(metadata.user_metadata, view, str(tier.copy_path(step)))
-            check_optimizers(metadata.manifest, view)
+            check_optimizers(metadata, view)
             return copy.restore(view.app_state, **restore_kwargs), None
     except Exception as exc:
         return None, exc

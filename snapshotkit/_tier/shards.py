@@ -25,10 +25,12 @@ from typing import Any
 
 import torch
 
-from snapshotkit._format.entries import DictEntry, Entry, ListEntry, TensorEntry, escape_key, join_path
+from snapshotkit._format.document import SnapshotMetadata
+from snapshotkit._format.entries import TensorEntry, escape_key, join_path
 from snapshotkit._format.sharded import is_sharded, local_shards
 from snapshotkit._plan.flatten import is_flattenable_dict
-from snapshotkit._restore.optimizer import check_param_groups, param_id_map, uses_torch_format
+from snapshotkit._restore.optimizer import check_param_groups, param_state, uses_torch_format
+from snapshotkit._restore.plan import rank_view, subtree
 from snapshotkit.errors import StateMismatchError, UnsupportedValueError
 from snapshotkit.stateful import AppState, RNGState
 
@@ -116,12 +118,10 @@ class _LocalState:
         return value
 
 
-def own_shards(
-    app_state: AppState, *, strict: bool = True, copy: Mapping[str, Any] | None = None, manifest: Any = None
-) -> OwnShards:
+def own_shards(app_state: AppState, *, strict: bool = True, copy: SnapshotMetadata | None = None) -> OwnShards:
     """The view of ``app_state`` a local copy takes and restores (module docstring); ``strict`` is
     the restore's, passed on to a wrapped module's ``load_state_dict``. Restoring, ``copy`` is the
-    copy's user metadata and ``manifest`` its manifest: an optimizer that holds no state yet for a
+    copy's metadata: an optimizer that holds no state yet for a
     ``DTensor`` parameter whose state the copy holds (a fresh one, as a resumed run builds it) gets
     zero ``DTensor`` state laid out like the parameter in its view, which the restore fills.
 
@@ -136,6 +136,7 @@ def own_shards(
         return OwnShards(app_state, {})
     wrapped: dict[str, Any] = {}
     layouts: dict[str, ShardLayout] = {}
+    saved = _saved_layouts(copy.user_metadata) if copy is not None else {}
     for key, stateful in app_state.items():
         if isinstance(stateful, RNGState):
             wrapped[key] = stateful
@@ -143,9 +144,8 @@ def own_shards(
         originals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         found: dict[str, ShardLayout] = {}
         view = _swap(stateful.state_dict(), escape_key(key), originals, found)
-        if copy is not None and manifest is not None and uses_torch_format(stateful):
-            saved = _saved_layouts(copy)
-            _fresh_state(escape_key(key), stateful, view, manifest, saved, originals, found)
+        if copy is not None and uses_torch_format(stateful):
+            _fresh_state(escape_key(key), stateful, view, copy, saved, originals, found)
         wrapped[key] = _LocalState(stateful, view, originals, strict) if found else stateful
         layouts.update(found)
     return OwnShards(wrapped, layouts)
@@ -182,7 +182,7 @@ def _fresh_state(
     root: str,
     optimizer: Any,
     view: Any,
-    manifest: Mapping[str, Entry],
+    copy: SnapshotMetadata,
     saved: Mapping[str, ShardLayout | None],
     originals: _Originals,
     found: dict[str, ShardLayout],
@@ -191,33 +191,23 @@ def _fresh_state(
     tensor the copy holds as a shard (``saved``) and the optimizer does not hold yet; each is
     recorded like a swapped one, so the restore fills it and ``load_state_dict`` gets the DTensor."""
     wanted = {path: layout for path, layout in saved.items() if layout is not None and path not in found}
-    state_path = join_path(root, "state")
     if not wanted or not isinstance(view, dict) or not isinstance(view.get("state"), dict):
         return
-    containers = {k.partition("/")[2]: e for k, e in manifest.items() if isinstance(e, (DictEntry, ListEntry))}
-    leaves = {k.partition("/")[2]: e for k, e in manifest.items() if not isinstance(e, (DictEntry, ListEntry))}
-    state = containers.get(state_path)
-    if not isinstance(state, DictEntry):
-        return
-    params = param_id_map(root, optimizer, containers, leaves)
-    for key in state.keys:
-        param, param_path = params.get(key), join_path(state_path, key)
-        names = containers.get(param_path)
-        if param is None or not is_sharded(param) or not isinstance(names, DictEntry):
+    containers, leaves = subtree(rank_view(copy, 0), root)
+    for key, name, path, param in param_state(root, optimizer, containers, leaves):
+        layout, entry = wanted.get(path), leaves.get(path)
+        if layout is None or not is_sharded(param) or not isinstance(entry, TensorEntry):
             continue
-        for name in names.keys:
-            path, entry = join_path(param_path, name), leaves.get(join_path(param_path, name))
-            layout = wanted.get(path)
-            if layout is None or not isinstance(entry, TensorEntry) or not hasattr(torch, entry.dtype):
-                continue
-            dtensor = torch.zeros_like(param, dtype=getattr(torch, entry.dtype), requires_grad=False)
-            shards = local_shards(dtensor, path)
-            box, local = shards.boxes[0]
-            if ShardLayout(shards.shape, box.offsets, box.sizes) != layout:
-                continue  # laid out otherwise: check_layouts refuses it
-            view["state"].setdefault(key, {})[name] = local
-            originals[id(local)] = (local, dtensor)
-            found[path] = layout
+        if not hasattr(torch, entry.dtype):
+            continue
+        dtensor = torch.zeros_like(param, dtype=getattr(torch, entry.dtype), requires_grad=False)
+        shards = local_shards(dtensor, path)
+        box, local = shards.boxes[0]
+        if ShardLayout(shards.shape, box.offsets, box.sizes) != layout:
+            continue  # laid out otherwise: check_layouts refuses it
+        view["state"].setdefault(key, {})[name] = local
+        originals[id(local)] = (local, dtensor)
+        found[path] = layout
 
 
 def _saved_layouts(metadata: Mapping[str, Any]) -> dict[str, ShardLayout | None]:
@@ -226,8 +216,8 @@ def _saved_layouts(metadata: Mapping[str, Any]) -> dict[str, ShardLayout | None]
     return {path: ShardLayout.from_json(raw) for path, raw in saved.items()} if isinstance(saved, Mapping) else {}
 
 
-def check_optimizers(manifest: Mapping[str, Entry], current: OwnShards) -> None:
-    """Check the parameter groups of every wrapped optimizer against the copy's ``manifest``, as a
+def check_optimizers(copy: SnapshotMetadata, current: OwnShards) -> None:
+    """Check the parameter groups of every wrapped optimizer against the ``copy``'s manifest, as a
     restore checks an optimizer it sees (the wrapper hides it), before anything is read.
 
     Raises:
@@ -237,10 +227,9 @@ def check_optimizers(manifest: Mapping[str, Entry], current: OwnShards) -> None:
     optimizers = [(key, inner) for key, inner in wrapped if uses_torch_format(inner)]
     if not optimizers:
         return
-    containers = {k.partition("/")[2]: e for k, e in manifest.items() if isinstance(e, (DictEntry, ListEntry))}
-    leaves = {k.partition("/")[2]: e for k, e in manifest.items() if not isinstance(e, (DictEntry, ListEntry))}
+    view = rank_view(copy, 0)
     for key, optimizer in optimizers:
-        check_param_groups(escape_key(key), optimizer, containers, leaves)
+        check_param_groups(escape_key(key), optimizer, *subtree(view, escape_key(key)))
 
 
 def check_layouts(metadata: Mapping[str, Any], current: OwnShards, copy: str) -> None:
