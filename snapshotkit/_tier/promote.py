@@ -114,15 +114,11 @@ class _Leaves:
             return None
         dtype = getattr(torch, entry.dtype)
         itemsize = RAW_ITEMSIZE[entry.dtype]
-        start = first.byte_range[0]
-        if start % itemsize or math.prod(entry.shape) * itemsize != pieces[-1].byte_range[1] - start:
+        start, numel = first.byte_range[0], math.prod(entry.shape)
+        if start % itemsize or numel * itemsize != pieces[-1].byte_range[1] - start:
             return None
-        strides, stride = [], 1
-        for size in reversed(entry.shape):
-            strides.append(stride)
-            stride *= max(size, 1)
-        view = torch.empty(0, dtype=dtype)
-        return view.set_(self._storage(first.location), start // itemsize, entry.shape, tuple(reversed(strides)))
+        flat = torch.empty(0, dtype=dtype).set_(self._storage(first.location), start // itemsize, (numel,), (1,))
+        return flat.view(entry.shape)
 
     def _storage(self, location: str) -> torch.UntypedStorage:
         if location not in self._storages:
