@@ -51,7 +51,7 @@ from _harness import measure as M
 from _harness import report as R
 from _harness import workloads as W
 from bench_incremental import _counting_proxy, _s3_kind
-from bench_tiers import _node, _specs, _start_s3, _train_step
+from bench_tiers import _node, _specs, _start_s3, _train_step, check_run_args
 
 KINDS = ("promoted", "from_memory")
 RANKS_TIMEOUT_S = 3600.0
@@ -252,12 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="scratch directory (default: a new temp dir under /tmp)")
     ap.add_quick("tiny sizes (smoke test)", bytes_per_rank=8 * cli.MiB, tensor_bytes=cli.MiB, saves=3)
     args = ap.parse(argv)
-    if args.ranks < 2 or args.ranks % 2:
-        ap.error(f"--ranks must be an even number >= 2 (half per node), got {args.ranks}")
-    if args.saves < 2:
-        ap.error("--saves must be >= 2 (the first is reported apart)")
-    if args.tensor_bytes % 4 or args.bytes_per_rank % 4 or args.tensor_bytes > args.bytes_per_rank:
-        ap.error("--bytes-per-rank and --tensor-bytes must be multiples of 4, --tensor-bytes <= --bytes-per-rank")
+    check_run_args(ap, args)
     need = footprint(args.bytes_per_rank, args.ranks)
     with cli.scratch_dir(args.dir, "bench-promotion-") as scratch:
         report = R.new_report("bench_promotion", scratch, config={**vars(args)}, footprint=need, notes=NOTES,

@@ -579,6 +579,17 @@ def render(report: Record) -> str:
     return "\n".join(lines)
 
 
+def check_run_args(ap: Any, args: Any) -> None:
+    """Refuse (``ap.error``) the ranks, saves and sizes a run of two nodes cannot use; also
+    ``bench_promotion.py``'s."""
+    if args.ranks < 2 or args.ranks % 2:
+        ap.error(f"--ranks must be an even number >= 2 (half per node), got {args.ranks}")
+    if args.saves < 2:
+        ap.error("--saves must be >= 2 (the first is reported apart)")
+    if args.tensor_bytes % 4 or args.bytes_per_rank % 4 or args.tensor_bytes > args.bytes_per_rank:
+        ap.error("--bytes-per-rank and --tensor-bytes must be multiples of 4, --tensor-bytes <= --bytes-per-rank")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = cli.BenchParser(__doc__)
     ap.add_out(stem="bench_tiers")
@@ -593,12 +604,7 @@ def main(argv: list[str] | None = None) -> int:
                     "directory, e.g. /dev/shm for a RAM-backed local tier (default: <scratch>/local)")  # fmt: skip
     ap.add_quick("tiny sizes (smoke test)", bytes_per_rank=8 * cli.MiB, tensor_bytes=cli.MiB, saves=3, repeats=1)
     args = ap.parse(argv)
-    if args.ranks < 2 or args.ranks % 2:
-        ap.error(f"--ranks must be an even number >= 2 (half per node), got {args.ranks}")
-    if args.saves < 2:
-        ap.error("--saves must be >= 2 (the first is reported apart)")
-    if args.tensor_bytes % 4 or args.bytes_per_rank % 4 or args.tensor_bytes > args.bytes_per_rank:
-        ap.error("--bytes-per-rank and --tensor-bytes must be multiples of 4, --tensor-bytes <= --bytes-per-rank")
+    check_run_args(ap, args)
     local_fs = fs_type(args.local_dir or args.dir or "/tmp")
     local_in_ram = local_fs in RAM_FS_TYPES  # e.g. --local-dir /dev/shm (or a scratch dir on a tmpfs)
     need = footprint(args.bytes_per_rank, args.ranks, local_apart=args.local_dir is not None, local_in_ram=local_in_ram)

@@ -12,28 +12,10 @@ import torch
 from snapshotkit import RestoreReport, Snapshot, StateDict
 from snapshotkit.manifest import ShardedTensorEntry
 
+from ._fsdp import fsdp_model, train_step
 from ._harness import run_ranks
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
-
-
-def _fsdp_model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 33), torch.nn.ReLU(), torch.nn.Linear(33, 5))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
-    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
-
-
-def _step(model: torch.nn.Module, optim: torch.optim.Optimizer, seed: int) -> None:
-    torch.manual_seed(seed)
-    model(torch.randn(8, 16)).pow(2).mean().backward()
-    optim.step()
-    optim.zero_grad()
 
 
 def _full(state: dict[str, Any]) -> dict[str, Any]:
@@ -54,8 +36,8 @@ def _full(state: dict[str, Any]) -> dict[str, Any]:
 def _take_fsdp(rank: int, world: int, path: str) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model, optim = _fsdp_model(seed=0)
-    _step(model, optim, seed=1 + rank)
+    model, optim = fsdp_model(seed=0)
+    train_step(model, optim, seed=1 + rank)
     model_sd, optim_sd = get_state_dict(model, optim)
     # DTensors are stored shard by shard whatever the patterns; everything else in these state
     # dicts (step counters, param_groups) is the same on every rank: replicated, so ranks that did
@@ -67,8 +49,8 @@ def _take_fsdp(rank: int, world: int, path: str) -> dict[str, Any]:
 def _restore_fsdp(rank: int, world: int, path: str) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model, optim = _fsdp_model(seed=42)  # different weights, and a first step to create optimizer state
-    _step(model, optim, seed=7)
+    model, optim = fsdp_model(seed=42)  # different weights, and a first step to create optimizer state
+    train_step(model, optim, seed=7)
     model_sd, optim_sd = get_state_dict(model, optim)
     app_state = {"model": StateDict(model_sd), "optim": StateDict(optim_sd)}
     Snapshot(path).restore(app_state)
@@ -136,16 +118,16 @@ def _fsdp_optimizer_direct(rank: int, world: int, path: str) -> dict[str, Any]:
 
     from snapshotkit.errors import StateMismatchError
 
-    model, optim = _fsdp_model(seed=0)
-    _step(model, optim, seed=1)
+    model, optim = fsdp_model(seed=0)
+    train_step(model, optim, seed=1)
     Snapshot.take(path, {"model": model, "optim": optim})
     saved = _full(torch.optim.Optimizer.state_dict(optim)["state"])
 
-    same, same_optim = _fsdp_model(seed=42)
-    _step(same, same_optim, seed=7)  # DTensor state to restore into
+    same, same_optim = fsdp_model(seed=42)
+    train_step(same, same_optim, seed=7)  # DTensor state to restore into
     report = Snapshot(path).restore({"model": same, "optim": same_optim})
     restored = _full(torch.optim.Optimizer.state_dict(same_optim)["state"])
-    _step(same, same_optim, seed=8)  # still a working optimizer
+    train_step(same, same_optim, seed=8)  # still a working optimizer
 
     torch.manual_seed(3)
     wider = torch.nn.Sequential(torch.nn.Linear(16, 35), torch.nn.ReLU(), torch.nn.Linear(35, 5))
@@ -184,18 +166,18 @@ def test_fsdp2_optimizer_state_is_checked_against_global_parameter_shapes(tmp_pa
 def _fsdp_fresh_optimizer(rank: int, world: int, path: str) -> dict[str, Any]:
     """A resumed FSDP2 run builds a fresh optimizer (no state yet) and restores into it: its moments
     come back as DTensors laid out like their parameters, and it trains on."""
-    model, optim = _fsdp_model(seed=0)
-    _step(model, optim, seed=1)
+    model, optim = fsdp_model(seed=0)
+    train_step(model, optim, seed=1)
     Snapshot.take(path, {"model": model, "optim": optim})
     saved = _full(torch.optim.Optimizer.state_dict(optim)["state"])
 
-    fresh, fresh_optim = _fsdp_model(seed=42)
+    fresh, fresh_optim = fsdp_model(seed=42)
     assert not fresh_optim.state
     report = Snapshot(path).restore({"model": fresh, "optim": fresh_optim})
     state = torch.optim.Optimizer.state_dict(fresh_optim)["state"]
     kinds = sorted({type(v).__name__ for s in state.values() for k, v in s.items() if k != "step"})
     restored = _full(state)
-    _step(fresh, fresh_optim, seed=8)  # was: "mixed torch.Tensor and DTensor" (full plain moments)
+    train_step(fresh, fresh_optim, seed=8)  # was: "mixed torch.Tensor and DTensor" (full plain moments)
     return {"report": report, "saved": saved, "restored": restored, "kinds": kinds}
 
 

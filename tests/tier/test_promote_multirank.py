@@ -6,7 +6,6 @@ killed in a promotion leaves the previous durable step and the local copies."""
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from multirank._harness import run_ranks
 
 from snapshotkit import Snapshot, SnapshotManager, StateDict
 from snapshotkit._format.entries import ObjectEntry, PrimitiveEntry, TensorEntry
+from tier._promotions import Promotions
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -35,15 +35,6 @@ def _manager(rank: int, tmp: str, **kwargs: Any) -> SnapshotManager:
         local_interval_steps=1,
         **{**options, **kwargs},
     )
-
-
-class _Promotions(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.count += "promoted to" in record.getMessage()
 
 
 def _described(manifest: Any) -> dict[str, Any]:
@@ -67,9 +58,7 @@ def _state(rank: int) -> dict[str, Any]:
 
 
 def _promote_and_compare(rank: int, world: int, tmp: str) -> dict[str, Any]:
-    handler = _Promotions()
-    logging.getLogger("snapshotkit.manager").addHandler(handler)
-    logging.getLogger("snapshotkit.manager").setLevel(logging.INFO)
+    handler = Promotions()
     mgr = _manager(rank, tmp, incremental=True)
     app = _state(rank)
     for step in (1, 2, 3, 4):
@@ -108,9 +97,7 @@ def test_promoted_steps_match_a_take_from_memory_on_every_rank(tmp_path: Path) -
 def _dtensor_state(rank: int, world: int, tmp: str) -> dict[str, Any]:
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    handler = _Promotions()
-    logging.getLogger("snapshotkit.manager").addHandler(handler)
-    logging.getLogger("snapshotkit.manager").setLevel(logging.INFO)
+    handler = Promotions()
     mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
     full = torch.arange(64, dtype=torch.float32).reshape(8, 8)
     mgr = _manager(rank, tmp, local_replicas=0)

@@ -6,7 +6,6 @@ elsewhere is refused before anything is read."""
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 from pathlib import Path
@@ -15,9 +14,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from multirank._fsdp import fsdp_model, train_step
 from multirank._harness import run_ranks
 
 from snapshotkit import SnapshotManager, StateDict
+from tier._promotions import Promotions
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -38,25 +39,6 @@ def _manager(rank: int, tmp: str) -> SnapshotManager:
     )
 
 
-def _fsdp(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 33), torch.nn.ReLU(), torch.nn.Linear(33, 5))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
-    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
-
-
-def _step(model: torch.nn.Module, optim: torch.optim.Optimizer, seed: int) -> None:
-    torch.manual_seed(seed)
-    model(torch.randn(8, 16)).pow(2).mean().backward()
-    optim.step()
-    optim.zero_grad()
-
-
 def _local_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every parameter and moment this rank holds, as local tensors (cloned)."""
     out = [p.to_local().clone() for p in model.parameters()]  # type: ignore[operator]
@@ -73,24 +55,13 @@ def _dtensor(world: int, value: float, placement: str = "S0") -> Any:
     return distribute_tensor(full, mesh, [Shard(0 if placement == "S0" else 1)])
 
 
-class _Promotions(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.count += "promoted to" in record.getMessage()
-
-
 def _train(rank: int, world: int, tmp: str) -> dict[str, Any]:
-    handler = _Promotions()
-    logging.getLogger("snapshotkit.manager").addHandler(handler)
-    logging.getLogger("snapshotkit.manager").setLevel(logging.INFO)
-    model, optim = _fsdp(seed=0)
+    handler = Promotions()
+    model, optim = fsdp_model(seed=0)
     mgr = _manager(rank, tmp)
     saved: list[torch.Tensor] = []
     for step in (1, 2, 3):  # 2: both tiers; 1 and 3: local only
-        _step(model, optim, seed=step)
+        train_step(model, optim, seed=step)
         app = {"model": model, "optim": optim, "extra": StateDict(w=_dtensor(world, step), step=step)}
         mgr.save(step, app, async_take=True)
         mgr.wait()
@@ -100,9 +71,9 @@ def _train(rank: int, world: int, tmp: str) -> dict[str, Any]:
 
 
 def _resume(rank: int, world: int, tmp: str, placement: str, fresh: bool = False) -> dict[str, Any]:
-    model, optim = _fsdp(seed=42)
+    model, optim = fsdp_model(seed=42)
     if not fresh:
-        _step(model, optim, seed=7)  # optimizer state (DTensor moments) to restore into
+        train_step(model, optim, seed=7)  # optimizer state (DTensor moments) to restore into
     app = {"model": model, "optim": optim, "extra": StateDict(w=_dtensor(world, -1.0, placement), step=0)}
     mgr = _manager(rank, tmp)
     try:
@@ -114,7 +85,7 @@ def _resume(rank: int, world: int, tmp: str, placement: str, fresh: bool = False
     exact = all(torch.equal(a, b) for a, b in zip(_local_state(model, optim), expected, strict=True))
     want = _dtensor(world, 3).full_tensor()
     exact = exact and torch.equal(app["extra"]["w"].full_tensor(), want) and app["extra"]["step"] == 3
-    _step(model, optim, seed=8)  # still a working model and optimizer
+    train_step(model, optim, seed=8)  # still a working model and optimizer
     mgr.close()
     return {"step": step, "exact": exact, "source": report.source if report else None}
 
